@@ -1,0 +1,238 @@
+"""The job envelope and its bytes; the only module that imports msgpack.
+
+An encoded job ("entry") is ``<priority>:<attempt>:<max_attempts>:<id>:<body>`` where
+``body`` is msgpack ``[task, args, kwargs, enqueued_at_ms]``. The short text header lets
+the Lua scripts reserve, count attempts and route by priority without decoding msgpack;
+the body is opaque to Redis. No pickle, ever: a value msgpack cannot encode is a
+``TypeError`` at enqueue time.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import os
+import secrets
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgpack
+
+__all__ = [
+    "DecodeError",
+    "Job",
+    "decode_dead_record",
+    "decode_entry",
+    "encode_body",
+    "encode_dead_record",
+    "header",
+    "new_id",
+    "parse_header",
+    "reset_attempt",
+]
+
+
+class DecodeError(ValueError):
+    """An entry whose bytes are not a batchq job."""
+
+
+class Job:
+    """One job as a handler (or a batch handler) sees it."""
+
+    __slots__ = (
+        "args",
+        "attempt",
+        "enqueued_ms",
+        "id",
+        "kwargs",
+        "lease",
+        "max_attempts",
+        "priority",
+        "queue",
+        "raw",
+        "task",
+    )
+
+    def __init__(
+        self,
+        id: str,
+        task: str,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        *,
+        attempt: int = 1,
+        max_attempts: int = 1,
+        priority: int = 0,
+        queue: str = "",
+        enqueued_ms: int = 0,
+        raw: bytes = b"",
+        lease: bytes = b"",
+    ) -> None:
+        self.id = id
+        self.task = task
+        self.args = args
+        self.kwargs = kwargs
+        self.attempt = attempt
+        self.max_attempts = max_attempts
+        self.priority = priority
+        self.queue = queue
+        self.enqueued_ms = enqueued_ms
+        self.raw = raw
+        # the reservation this run holds, "<id>:<attempt>", as the scripts name it
+        self.lease = lease or b"%s:%d" % (id.encode(), attempt)
+
+    def __repr__(self) -> str:
+        return (
+            f"Job(id={self.id!r}, task={self.task!r}, args={self.args!r}, "
+            f"kwargs={self.kwargs!r}, attempt={self.attempt})"
+        )
+
+
+# --- ids -------------------------------------------------------------------------------
+# A random 72-bit prefix per process plus a counter: unique without coordination, short
+# (about 16 characters), and cheap. The prefix is drawn again in a forked child.
+
+_prefix = ""
+_counter = itertools.count()
+
+
+def _reseed() -> None:
+    global _prefix, _counter
+    _prefix = base64.urlsafe_b64encode(secrets.token_bytes(9)).decode()
+    _counter = itertools.count()
+
+
+_reseed()
+os.register_at_fork(after_in_child=_reseed)
+
+
+def new_id() -> str:
+    """A new job id (no ``:``; URL-safe characters)."""
+    return f"{_prefix}{next(_counter):x}"
+
+
+# --- entries ---------------------------------------------------------------------------
+
+
+
+def header(priority: int, max_attempts: int) -> bytes:
+    """The header prefix shared by every fresh job of one enqueue call (id follows)."""
+    return b"%d:0:%d:" % (priority, max_attempts)
+
+
+def encode_body(
+    task: str, args: Sequence[Any], kwargs: Mapping[str, Any], enqueued_ms: int
+) -> bytes:
+    """msgpack of the job body; raises ``TypeError`` naming the argument that failed."""
+    try:
+        body: bytes = msgpack.packb((task, args, kwargs, enqueued_ms))
+        return body
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise _explain(task, args, kwargs, exc) from None
+
+
+def _explain(
+    task: str, args: Sequence[Any], kwargs: Mapping[str, Any], exc: Exception
+) -> TypeError:
+    for i, value in enumerate(args):
+        try:
+            msgpack.packb(value)
+        except Exception as inner:
+            return TypeError(
+                f"cannot enqueue {task}: positional argument {i} ({type(value).__name__}) "
+                f"cannot be encoded with msgpack: {inner}"
+            )
+    for key, value in kwargs.items():
+        if not isinstance(key, str):
+            return TypeError(f"cannot enqueue {task}: keyword {key!r} is not a string")
+        try:
+            msgpack.packb(value)
+        except Exception as inner:
+            return TypeError(
+                f"cannot enqueue {task}: keyword argument {key!r} ({type(value).__name__}) "
+                f"cannot be encoded with msgpack: {inner}"
+            )
+    return TypeError(f"cannot enqueue {task}: {exc}")
+
+
+def parse_header(raw: bytes) -> tuple[int, int, int, str, bytes]:
+    """``(priority, attempt, max_attempts, id, body)`` of an entry; ``DecodeError`` if bad."""
+    try:
+        p, a, m, jid, body = raw.split(b":", 4)
+        if len(p) != 1:
+            raise ValueError("priority is one digit")
+        return int(p), int(a), int(m), jid.decode("ascii"), body
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DecodeError(f"malformed job header: {exc}") from None
+
+
+def decode_entry(raw: bytes, queue: str) -> Job:
+    """The ``Job`` in an entry; raises ``DecodeError`` with the reason when it is not one."""
+    try:
+        p, a, m, jid, body = raw.split(b":", 4)
+        job = Job(jid.decode("ascii"), "", (), {}, attempt=int(a), max_attempts=int(m),
+                  priority=int(p), queue=queue, raw=raw, lease=b"%s:%s" % (jid, a))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DecodeError(f"malformed job header: {exc}") from None
+    try:
+        task, args, kwargs, enqueued_ms = msgpack.unpackb(body)
+    except Exception as exc:
+        raise DecodeError(
+            f"cannot decode job {job.id} body: {type(exc).__name__}: {exc}") from None
+    if not isinstance(task, str) or not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise DecodeError(f"job {job.id} body is not [task, args, kwargs, enqueued_at]")
+    job.task, job.args, job.kwargs, job.enqueued_ms = task, args, kwargs, enqueued_ms
+    return job
+
+
+def lease_of(raw: bytes) -> tuple[str, bytes]:
+    """``(id, lease)`` of an entry whose header the pop script accepted, even when its
+    body (or the id's encoding) is bad: enough to dead-letter it."""
+    parts = raw.split(b":", 4)
+    if len(parts) < 5:
+        raise DecodeError("malformed job header")
+    return parts[3].decode("latin-1"), parts[3] + b":" + parts[1]
+
+
+def reset_attempt(raw: bytes) -> bytes | None:
+    """The entry with its attempt count set back to 0 (for redrive); None if malformed."""
+    try:
+        p, _, m, jid, body = parse_header(raw)
+    except DecodeError:
+        return None
+    return b"%d:0:%d:%s:%s" % (p, m, jid.encode(), body)
+
+
+# --- dead records ----------------------------------------------------------------------
+
+
+def encode_dead_record(
+    job_id: str,
+    reason: str,
+    raw: bytes,
+    *,
+    error_type: str = "",
+    error_message: str = "",
+    traceback: str = "",
+) -> bytes:
+    """A dead-letter record, the same shape the Lua scripts write for lease_expired."""
+    rec: bytes = msgpack.packb(
+        {
+            "id": job_id,
+            "reason": reason,
+            "error_type": error_type,
+            "error_message": error_message,
+            "traceback": traceback,
+            "raw": raw,
+        }
+    )
+    return rec
+
+
+def decode_dead_record(data: bytes) -> dict[str, Any]:
+    """The dict in a dead record; unknown or missing fields are tolerated."""
+    try:
+        rec = msgpack.unpackb(data)
+    except Exception as exc:
+        return {"reason": "corrupt_record", "error_message": str(exc), "raw": data}
+    return rec if isinstance(rec, dict) else {"reason": "corrupt_record", "raw": data}

@@ -1,0 +1,38 @@
+"""Exceptions batchq raises or understands."""
+
+from __future__ import annotations
+
+
+class BatchqError(Exception):
+    """Base class of batchq's own errors."""
+
+
+class EnqueueError(BatchqError):
+    """An enqueue that could not be written (completely).
+
+    ``written`` counts the jobs that Redis confirmed; ``ids`` are their ids. ``unknown``
+    counts jobs whose outcome could not be confirmed because the connection broke while
+    their command was in flight: they may or may not have been written.
+    """
+
+    def __init__(self, message: str, *, written: int = 0, ids: list[str] | None = None,
+                 unknown: int = 0) -> None:
+        super().__init__(message)
+        self.written = written
+        self.ids = ids or []
+        self.unknown = unknown
+
+
+class PayloadTooLarge(BatchqError, ValueError):
+    """An encoded job above the app's ``max_payload_bytes``."""
+
+
+class Retry(Exception):
+    """Raise from a handler to retry the job after ``delay_s`` seconds (default: backoff).
+
+    The attempt still counts towards ``max_attempts``.
+    """
+
+    def __init__(self, delay_s: float | None = None, message: str = "") -> None:
+        super().__init__(message or (f"retry requested in {delay_s}s" if delay_s else "retry"))
+        self.delay_s = delay_s

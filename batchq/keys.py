@@ -1,0 +1,92 @@
+"""Every Redis key name batchq uses, in one place.
+
+All keys of one queue share the hash tag ``{<namespace>:<queue>}`` so that every Lua
+script (which touches only one queue) is legal on Redis Cluster. Keys that span queues
+(the queue registry, the worker registry) live outside any tag and are only touched by
+plain commands, never from a script together with queue keys.
+
+Layout of one queue ``Q`` in namespace ``NS`` (``T`` = ``NS:{NS:Q}``)::
+
+    T:ready:9 .. T:ready:0   lists of encoded jobs, one per priority level (9 runs first)
+    T:delayed                zset  encoded job -> due time (ms, server clock)
+    T:reserved               zset  "<id>:<attempt>" -> lease deadline (ms, server clock)
+    T:inflight               hash  id -> encoded job as reserved (attempt already counted)
+    T:dead                   zset  id -> time it was dead-lettered (ms)
+    T:dead:jobs              hash  id -> msgpack dead record (reason, error, raw job bytes)
+    T:wake                   list  at most one token; idle workers BLPOP it
+    T:paused                 string present while the queue is paused
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PRIORITIES = 10
+"""Priority levels 0..9; a higher number runs first."""
+
+MAX_PRIORITY = PRIORITIES - 1
+
+
+def queues_key(namespace: str) -> str:
+    """Set of every queue name that was ever enqueued to or served in ``namespace``."""
+    return f"{namespace}:queues"
+
+
+def workers_key(namespace: str) -> str:
+    """Zset of live worker ids, scored by their last heartbeat (ms)."""
+    return f"{namespace}:workers"
+
+
+def worker_info_key(namespace: str, worker_id: str) -> str:
+    """Hash with one worker's details; expires if the worker stops heart-beating."""
+    return f"{namespace}:worker:{worker_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueKeys:
+    """The key names of one queue. Build once per queue and reuse."""
+
+    namespace: str
+    queue: str
+    prefix: str = field(init=False)
+    ready: tuple[str, ...] = field(init=False)
+    """Ready lists ordered from the highest priority (9) to the lowest (0)."""
+    delayed: str = field(init=False)
+    reserved: str = field(init=False)
+    inflight: str = field(init=False)
+    dead: str = field(init=False)
+    dead_jobs: str = field(init=False)
+    wake: str = field(init=False)
+    paused: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not self.queue or any(c in self.queue for c in "{}: \t\r\n"):
+            raise ValueError(
+                f"invalid queue name {self.queue!r}: use a non-empty name without "
+                "braces, colons or white space"
+            )
+        p = f"{self.namespace}:{{{self.namespace}:{self.queue}}}"
+        object.__setattr__(self, "prefix", p)
+        object.__setattr__(
+            self, "ready", tuple(f"{p}:ready:{i}" for i in range(MAX_PRIORITY, -1, -1))
+        )
+        for name in ("delayed", "reserved", "inflight", "dead", "wake", "paused"):
+            object.__setattr__(self, name, f"{p}:{name}")
+        object.__setattr__(self, "dead_jobs", f"{p}:dead:jobs")
+
+    def ready_for(self, priority: int) -> str:
+        """The ready list of one priority level."""
+        return self.ready[MAX_PRIORITY - priority]
+
+    def all(self) -> tuple[str, ...]:
+        """Every key of the queue (for deletion in tests and tooling)."""
+        return (
+            *self.ready,
+            self.delayed,
+            self.reserved,
+            self.inflight,
+            self.dead,
+            self.dead_jobs,
+            self.wake,
+            self.paused,
+        )

@@ -1,0 +1,318 @@
+"""Writing jobs: ``enqueue`` / ``enqueue_many`` and their asyncio twins.
+
+A job is encoded once (header + msgpack body) and written by one script call:
+``enqueue.lua`` for ready jobs, ``schedule.lua`` for delayed ones. ``enqueue_many``
+streams any iterable in chunks of ``chunk`` jobs (one script call each) and sends
+``window`` chunks per round trip, so a million jobs never sit in memory at once as
+commands. A call whose reply is lost to a broken connection is retried with backoff
+in *check* mode: the script first looks for the call's first job and writes nothing if
+the earlier try had landed, so a reconnect never doubles a job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import redis
+import redis.asyncio
+
+from . import codec
+from .errors import EnqueueError, PayloadTooLarge
+from .keys import MAX_PRIORITY, QueueKeys
+
+if TYPE_CHECKING:
+    from .app import App
+
+CHUNK = 1000
+"""Jobs per script call (Lua's unpack limit is about 8000 arguments)."""
+
+WINDOW = 8
+"""Script calls per pipeline round trip in ``enqueue_many``."""
+
+RETRY_DELAYS_S = (0.05, 0.2, 0.5, 1.0, 2.0)
+"""Backoff between tries of a write whose connection failed (about 4 s in all)."""
+
+_CONN_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+
+
+class Call:
+    """Positional and keyword arguments of one job, for ``enqueue_many``."""
+
+    __slots__ = ("args", "kwargs")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args = args
+        self.kwargs = kwargs
+
+
+def call(*args: Any, **kwargs: Any) -> Call:
+    """One job's arguments for ``enqueue_many`` when it needs both args and kwargs."""
+    return Call(*args, **kwargs)
+
+
+@dataclass(frozen=True)
+class EnqueueOptions:
+    """Per-enqueue choices; ``None`` means the task's default."""
+
+    queue: str | None = None
+    priority: int | None = None
+    max_attempts: int | None = None
+    delay_s: float | None = None
+    eta: datetime | float | None = None
+
+    def __post_init__(self) -> None:
+        if self.priority is not None and not 0 <= self.priority <= MAX_PRIORITY:
+            raise ValueError(f"priority must be 0..{MAX_PRIORITY}, got {self.priority}")
+        if self.max_attempts is not None and self.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        if self.delay_s is not None and self.eta is not None:
+            raise ValueError("give delay_s or eta, not both")
+        if self.delay_s is not None and self.delay_s < 0:
+            raise ValueError("delay_s must not be negative")
+
+    def merged(self, other: EnqueueOptions) -> EnqueueOptions:
+        """These options with the fields ``other`` sets taking precedence."""
+        return EnqueueOptions(
+            queue=other.queue if other.queue is not None else self.queue,
+            priority=other.priority if other.priority is not None else self.priority,
+            max_attempts=other.max_attempts if other.max_attempts is not None
+            else self.max_attempts,
+            delay_s=other.delay_s if other.delay_s is not None
+            else (None if other.eta is not None else self.delay_s),
+            eta=other.eta if other.eta is not None
+            else (None if other.delay_s is not None else self.eta),
+        )
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Everything one enqueue call needs, resolved once."""
+
+    keys: QueueKeys
+    head: bytes
+    task: str
+    due: tuple[str, int] | None  # ("rel", ms) or ("abs", unix ms) or None for ready
+    max_payload: int
+
+    @property
+    def target(self) -> str:
+        return self.keys.ready_for(int(self.head[:1]))
+
+    def entry(self, args: Any, kwargs: Mapping[str, Any], now_ms: int) -> tuple[str, bytes]:
+        jid = codec.new_id()
+        body = codec.encode_body(self.task, args, kwargs, now_ms)
+        e = b"%s%s:%s" % (self.head, jid.encode(), body)
+        if len(e) > self.max_payload:
+            raise PayloadTooLarge(
+                f"cannot enqueue {self.task}: encoded job is {len(e)} bytes, above the "
+                f"limit of {self.max_payload} (App(max_payload_bytes=...))"
+            )
+        return jid, e
+
+    def script_args(self, entries: list[bytes], check: bool) -> tuple[list[str], list[Any]]:
+        k = self.keys
+        flag = "1" if check else "0"
+        if self.due is None:
+            return [self.target, k.wake, k.inflight], [flag, *entries]
+        due_kind, due_ms = self.due
+        return [k.delayed, k.wake, k.inflight, self.target], [flag, due_kind, due_ms, *entries]
+
+
+def plan(app: App, task: str, queue: str, priority: int, max_attempts: int,
+         delay_s: float | None, eta: datetime | float | None) -> _Plan:
+    due: tuple[str, int] | None = None
+    if delay_s is not None and delay_s > 0:
+        due = ("rel", round(delay_s * 1000))
+    elif eta is not None:
+        # a naive datetime is local time, as datetime.timestamp() reads it
+        ts = eta.timestamp() if isinstance(eta, datetime) else float(eta)
+        due = ("abs", round(ts * 1000))
+    return _Plan(app.keys(queue), codec.header(priority, max_attempts), task, due,
+                 app.max_payload_bytes)
+
+
+def _split(item: Any) -> tuple[Any, Mapping[str, Any]]:
+    if isinstance(item, tuple | list):
+        return item, {}
+    if isinstance(item, Call):
+        return item.args, item.kwargs
+    if isinstance(item, Mapping):
+        return (), item
+    return (item,), {}
+
+
+def _chunks(p: _Plan, items: Iterable[Any]) -> Iterator[tuple[list[str], list[bytes]]]:
+    ids: list[str] = []
+    entries: list[bytes] = []
+    now_ms = int(time.time() * 1000)
+    for n, item in enumerate(items, 1):
+        args, kwargs = _split(item)
+        jid, e = p.entry(args, kwargs, now_ms)
+        ids.append(jid)
+        entries.append(e)
+        if len(entries) == CHUNK:
+            yield ids, entries
+            ids, entries = [], []
+            if n % (CHUNK * WINDOW) == 0:
+                now_ms = int(time.time() * 1000)
+    if entries:
+        yield ids, entries
+
+
+def _window_error(p: _Plan, written: list[str], results: list[Any], window: list[list[str]],
+                  ) -> EnqueueError | None:
+    """Count what a pipeline window wrote; an error result becomes ``EnqueueError``."""
+    first_error: BaseException | None = None
+    for ids, res in zip(window, results, strict=True):
+        if isinstance(res, BaseException):
+            first_error = first_error or res
+        else:
+            written.extend(ids)
+    if first_error is None:
+        return None
+    err = EnqueueError(
+        f"enqueue_many of {p.task} failed after writing {len(written)} jobs: {first_error}",
+        written=len(written), ids=written)
+    err.__cause__ = first_error
+    return err
+
+
+# --- sync ------------------------------------------------------------------------------
+
+
+def _with_retry_sync(app: App, p: _Plan, entries: list[bytes]) -> None:
+    for attempt, pause in enumerate((0.0, *RETRY_DELAYS_S)):
+        if pause:
+            time.sleep(pause)
+        keys, args = p.script_args(entries, check=attempt > 0)
+        try:
+            app.sync_scripts.schedule(keys, args) if p.due else app.sync_scripts.enqueue(keys, args)
+            return
+        except _CONN_ERRORS as exc:
+            last = exc
+    raise EnqueueError(f"cannot reach Redis to enqueue {p.task}: {last}", unknown=len(entries)) \
+        from last
+
+
+def enqueue(app: App, p: _Plan, args: Any, kwargs: Mapping[str, Any]) -> str:
+    jid, e = p.entry(args, kwargs, int(time.time() * 1000))
+    app.register_queue(p.keys.queue)
+    _with_retry_sync(app, p, [e])
+    return jid
+
+
+def enqueue_many(app: App, p: _Plan, items: Iterable[Any]) -> list[str]:
+    app.register_queue(p.keys.queue)
+    written: list[str] = []
+    window: list[list[str]] = []
+    pending: list[list[bytes]] = []
+    script = app.sync_scripts.schedule if p.due else app.sync_scripts.enqueue
+
+    def flush() -> None:
+        if len(window) == 1:  # a lone chunk gets the reconnect-safe path
+            try:
+                _with_retry_sync(app, p, pending[0])
+            except EnqueueError as exc:
+                exc.written, exc.ids = len(written), written
+                raise
+            written.extend(window[0])
+        else:
+            pipe = app.redis.pipeline(transaction=False)
+            for entries in pending:
+                keys, args = p.script_args(entries, check=False)
+                script(keys, args, client=pipe)
+            try:
+                results = pipe.execute(raise_on_error=False)
+            except _CONN_ERRORS as exc:
+                raise EnqueueError(
+                    f"connection lost during enqueue_many of {p.task}: {len(written)} jobs "
+                    f"written, {sum(map(len, window))} unknown: {exc}",
+                    written=len(written), ids=written, unknown=sum(map(len, window))) from exc
+            err = _window_error(p, written, results, window)
+            if err:
+                raise err
+        window.clear()
+        pending.clear()
+
+    for ids, entries in _chunks(p, items):
+        window.append(ids)
+        pending.append(entries)
+        if len(window) == WINDOW:
+            flush()
+    if window:
+        flush()
+    return written
+
+
+# --- asyncio ---------------------------------------------------------------------------
+
+
+async def _with_retry_async(app: App, p: _Plan, entries: list[bytes]) -> None:
+    scripts = app.async_scripts()
+    for attempt, pause in enumerate((0.0, *RETRY_DELAYS_S)):
+        if pause:
+            await asyncio.sleep(pause)
+        keys, args = p.script_args(entries, check=attempt > 0)
+        try:
+            await (scripts.schedule if p.due else scripts.enqueue)(keys, args)
+            return
+        except _CONN_ERRORS as exc:
+            last = exc
+    raise EnqueueError(f"cannot reach Redis to enqueue {p.task}: {last}", unknown=len(entries)) \
+        from last
+
+
+async def aenqueue(app: App, p: _Plan, args: Any, kwargs: Mapping[str, Any]) -> str:
+    jid, e = p.entry(args, kwargs, int(time.time() * 1000))
+    await app.aregister_queue(p.keys.queue)
+    await _with_retry_async(app, p, [e])
+    return jid
+
+
+async def aenqueue_many(app: App, p: _Plan, items: Iterable[Any]) -> list[str]:
+    await app.aregister_queue(p.keys.queue)
+    scripts = app.async_scripts()
+    script = scripts.schedule if p.due else scripts.enqueue
+    written: list[str] = []
+    window: list[list[str]] = []
+    pending: list[list[bytes]] = []
+
+    async def flush() -> None:
+        if len(window) == 1:
+            try:
+                await _with_retry_async(app, p, pending[0])
+            except EnqueueError as exc:
+                exc.written, exc.ids = len(written), written
+                raise
+            written.extend(window[0])
+        else:
+            pipe = app.async_redis().pipeline(transaction=False)
+            for entries in pending:
+                keys, args = p.script_args(entries, check=False)
+                await script(keys, args, client=pipe)
+            try:
+                results = await pipe.execute(raise_on_error=False)
+            except _CONN_ERRORS as exc:
+                raise EnqueueError(
+                    f"connection lost during enqueue_many of {p.task}: {len(written)} jobs "
+                    f"written, {sum(map(len, window))} unknown: {exc}",
+                    written=len(written), ids=written, unknown=sum(map(len, window))) from exc
+            err = _window_error(p, written, results, window)
+            if err:
+                raise err
+        window.clear()
+        pending.clear()
+
+    for ids, entries in _chunks(p, items):
+        window.append(ids)
+        pending.append(entries)
+        if len(window) == WINDOW:
+            await flush()
+    if window:
+        await flush()
+    return written

@@ -1,0 +1,69 @@
+-- _lib.lua: helpers prepended to every batchq script (not a script of its own).
+--
+-- An encoded job ("entry") is   <priority>:<attempt>:<max_attempts>:<id>:<msgpack body>
+-- priority is one digit 0..9, attempt is how many runs have started, id has no ':'.
+
+-- Server time in milliseconds: every deadline and due time comes from here, never
+-- from a worker's clock.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Returns priority, attempt, max_attempts, id, header length; nil when malformed.
+local function parse(e)
+  local p, a, m, id = string.match(e, '^(%d):(%d+):(%d+):([^:]+):')
+  if not p then return nil end
+  return tonumber(p), tonumber(a), tonumber(m), id, #p + #a + #m + #id + 4
+end
+
+-- The same entry with another attempt count.
+local function with_attempt(e, p, a, m, id, hl)
+  return p .. ':' .. a .. ':' .. m .. ':' .. id .. ':' .. string.sub(e, hl + 1)
+end
+
+-- Minimal msgpack writers for dead records built inside a script.
+local function be(n, bytes)
+  local out = {}
+  for i = bytes, 1, -1 do
+    out[i] = string.char(n % 256)
+    n = math.floor(n / 256)
+  end
+  return table.concat(out)
+end
+
+local function mp_str(s)
+  local n = #s
+  if n < 32 then return string.char(0xa0 + n) .. s end
+  if n < 256 then return '\217' .. be(n, 1) .. s end
+  if n < 65536 then return '\218' .. be(n, 2) .. s end
+  return '\219' .. be(n, 4) .. s
+end
+
+local function mp_bin(s)
+  local n = #s
+  if n < 256 then return '\196' .. be(n, 1) .. s end
+  if n < 65536 then return '\197' .. be(n, 2) .. s end
+  return '\198' .. be(n, 4) .. s
+end
+
+-- Write a dead record: {id, reason, error_message, raw}. Callers delete the job's
+-- other copies only after this write.
+local function bury(dead, dead_jobs, now, id, reason, message, raw)
+  local rec = string.char(0x84) .. mp_str('id') .. mp_str(id) .. mp_str('reason') .. mp_str(reason)
+    .. mp_str('error_message') .. mp_str(message) .. mp_str('raw') .. mp_bin(raw)
+  redis.call('HSET', dead_jobs, id, rec)
+  redis.call('ZADD', dead, now, id)
+end
+
+-- Leave one wake token for idle workers (never more than one).
+local function wake(key)
+  if redis.call('LLEN', key) == 0 then
+    redis.call('RPUSH', key, '1')
+  end
+end
+
+-- "<id>:<attempt>" -> id
+local function member_id(m)
+  return string.match(m, '^(.*):%d+$')
+end

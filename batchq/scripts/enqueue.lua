@@ -1,0 +1,21 @@
+-- enqueue.lua: append encoded jobs to one ready list and wake an idle worker.
+--
+-- KEYS[1]  ready list of the jobs' priority
+-- KEYS[2]  wake list of the queue
+-- KEYS[3]  inflight hash
+-- ARGV[1]  "1" when this call retries one whose reply was lost: if its first job is
+--          already queued or running, the earlier call landed (a script is all or
+--          nothing) and nothing is written again
+-- ARGV[2..] encoded jobs (1..1000 per call; the caller chunks)
+-- Returns  the length of the ready list after the push, or -1 when the retry found the
+--          jobs already written.
+if ARGV[1] == '1' then
+  local _, _, _, id = parse(ARGV[2])
+  if (id and redis.call('HEXISTS', KEYS[3], id) == 1)
+      or redis.call('LPOS', KEYS[1], ARGV[2], 'RANK', -1, 'MAXLEN', 100000) then
+    return -1
+  end
+end
+local n = redis.call('RPUSH', KEYS[1], unpack(ARGV, 2))
+wake(KEYS[2])
+return n

@@ -1,0 +1,23 @@
+-- extend.lua: push the deadline of leases a worker still holds to now + ARGV[1] ms.
+--
+-- KEYS[1]  reserved zset
+-- ARGV[1]  lease in ms
+-- ARGV[2..] leases "<id>:<attempt>" (at most 1000 per call)
+-- Returns  the positions (1-based, among the leases) of leases that were lost: already
+--          expired and reaped; those are not re-created.
+local deadline = now_ms() + tonumber(ARGV[1])
+local n = #ARGV - 1
+local scores = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, 2))
+local args, lost = {}, {}
+for i = 1, n do
+  if scores[i] then
+    args[#args + 1] = deadline
+    args[#args + 1] = ARGV[i + 1]
+  else
+    lost[#lost + 1] = i
+  end
+end
+if #args > 0 then
+  redis.call('ZADD', KEYS[1], 'XX', unpack(args))
+end
+return lost

@@ -1,0 +1,32 @@
+-- nack.lua: failed jobs go back to the delayed set for a retry, or to the dead store.
+--
+-- KEYS[1]  reserved zset         KEYS[4]  dead zset
+-- KEYS[2]  inflight hash         KEYS[5]  dead:jobs hash
+-- KEYS[3]  delayed zset
+-- ARGV[1]  R, the number of retries that follow
+-- ARGV[2..2R+1]        pairs: lease "<id>:<attempt>", retry delay in ms
+-- ARGV[2R+2..]         pairs: lease, dead record (msgpack, built by the worker)
+-- Returns  the number of stale leases skipped (nothing is written for those).
+local now = now_ms()
+local r = tonumber(ARGV[1])
+local stale = 0
+local i = 2
+while i < #ARGV do
+  local m, v = ARGV[i], ARGV[i + 1]
+  local id = member_id(m)
+  local e = id and redis.call('ZSCORE', KEYS[1], m) and redis.call('HGET', KEYS[2], id)
+  if e then
+    if i <= 2 * r then
+      redis.call('ZADD', KEYS[3], now + tonumber(v), e)
+    else
+      redis.call('HSET', KEYS[5], id, v)
+      redis.call('ZADD', KEYS[4], now, id)
+    end
+    redis.call('ZREM', KEYS[1], m)
+    redis.call('HDEL', KEYS[2], id)
+  else
+    stale = stale + 1
+  end
+  i = i + 2
+end
+return stale

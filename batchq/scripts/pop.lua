@@ -1,0 +1,104 @@
+-- pop.lua: the worker's one call per fetch. Atomically:
+--   1. moves up to ARGV[3] due delayed jobs to their ready lists (tail),
+--   2. returns up to ARGV[3] expired reservations to their ready lists (head), or
+--      dead-letters them (reason lease_expired) when their attempts are used up,
+--   3. unless the queue is paused, pops up to ARGV[1] jobs, highest priority first,
+--      counts the attempt, and reserves each until now + ARGV[2] ms.
+--
+-- KEYS[1]  delayed zset          KEYS[5]  dead:jobs hash
+-- KEYS[2]  reserved zset         KEYS[6]  wake list
+-- KEYS[3]  inflight hash         KEYS[7]  paused flag
+-- KEYS[4]  dead zset             KEYS[8..17]  ready lists, priority 9 down to 0
+-- ARGV[1]  how many jobs to pop (0 = maintenance only)
+-- ARGV[2]  lease in ms
+-- ARGV[3]  chunk: at most this many delayed and expired jobs are moved per call
+--
+-- Returns {now_ms, next_due_ms or -1, next_deadline_ms or -1, promoted, reaped,
+--          buried, job, job, ...}; each job is the entry with its attempt counted.
+local now = now_ms()
+local want = tonumber(ARGV[1])
+local lease = tonumber(ARGV[2])
+local chunk = tonumber(ARGV[3])
+
+local function ready_key(p)
+  return KEYS[8 + 9 - p]
+end
+
+-- 1. due delayed jobs -> ready (write before delete)
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, chunk)
+for _, e in ipairs(due) do
+  local p = tonumber(string.sub(e, 1, 1)) or 0
+  redis.call('RPUSH', ready_key(p), e)
+end
+if #due > 0 then
+  redis.call('ZREM', KEYS[1], unpack(due))
+end
+
+-- 2. expired reservations -> ready head, or dead when out of attempts
+local reaped, buried = 0, 0
+local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, chunk)
+for _, m in ipairs(expired) do
+  local id = member_id(m)
+  local e = id and redis.call('HGET', KEYS[3], id)
+  if e then
+    local p, a, mx = parse(e)
+    if p and a < mx then
+      redis.call('LPUSH', ready_key(p), e)
+      reaped = reaped + 1
+    else
+      bury(KEYS[4], KEYS[5], now, id, 'lease_expired',
+        'the worker running attempt ' .. tostring(a) .. ' died or lost its lease', e)
+      buried = buried + 1
+    end
+    redis.call('HDEL', KEYS[3], id)
+  end
+end
+if #expired > 0 then
+  redis.call('ZREM', KEYS[2], unpack(expired))
+end
+if #due > 0 or reaped > 0 then
+  wake(KEYS[6])
+end
+
+-- 3. pop and reserve
+local out = {now, -1, -1, #due, reaped, buried}
+if want > 0 and redis.call('EXISTS', KEYS[7]) == 0 then
+  local deadline = now + lease
+  local hargs, zargs = {}, {}
+  for k = 8, 17 do
+    if want <= 0 then break end
+    local items = redis.call('LPOP', KEYS[k], want)
+    if items then
+      want = want - #items
+      for _, e in ipairs(items) do
+        local p, a, mx, id, hl = parse(e)
+        if p then
+          local r = with_attempt(e, p, a + 1, mx, id, hl)
+          hargs[#hargs + 1] = id
+          hargs[#hargs + 1] = r
+          zargs[#zargs + 1] = deadline
+          zargs[#zargs + 1] = id .. ':' .. (a + 1)
+          out[#out + 1] = r
+        else
+          bury(KEYS[4], KEYS[5], now, 'raw-' .. string.sub(redis.sha1hex(e), 1, 20),
+            'decode_error', 'malformed job header', e)
+          out[6] = out[6] + 1
+        end
+      end
+    end
+  end
+  if #hargs > 0 then
+    redis.call('HSET', KEYS[3], unpack(hargs))
+    redis.call('ZADD', KEYS[2], unpack(zargs))
+  end
+  if want <= 0 then
+    -- a full batch: more may be waiting, let the next idle worker look
+    wake(KEYS[6])
+  end
+end
+
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if first[2] then out[2] = tonumber(first[2]) end
+first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+if first[2] then out[3] = tonumber(first[2]) end
+return out

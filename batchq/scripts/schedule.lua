@@ -1,0 +1,32 @@
+-- schedule.lua: add encoded jobs to the delayed set, due at a server-clock time.
+--
+-- KEYS[1]  delayed zset
+-- KEYS[2]  wake list (an idle worker wakes to learn the new earliest due time)
+-- KEYS[3]  inflight hash
+-- KEYS[4]  ready list of the jobs' priority
+-- ARGV[1]  "1" when retrying a call whose reply was lost (see enqueue.lua)
+-- ARGV[2]  "rel": ARGV[3] is a delay in ms from the server's now;
+--          "abs": ARGV[3] is a Unix time in ms
+-- ARGV[3]  the delay or the due time
+-- ARGV[4..] encoded jobs (at most 1000 per call)
+-- Returns  the due time used (ms), or -1 when the retry found the jobs already written.
+if ARGV[1] == '1' then
+  local _, _, _, id = parse(ARGV[4])
+  if redis.call('ZSCORE', KEYS[1], ARGV[4])
+      or (id and redis.call('HEXISTS', KEYS[3], id) == 1)
+      or redis.call('LPOS', KEYS[4], ARGV[4], 'RANK', -1, 'MAXLEN', 100000) then
+    return -1
+  end
+end
+local due = tonumber(ARGV[3])
+if ARGV[2] == 'rel' then
+  due = now_ms() + due
+end
+local args = {}
+for i = 4, #ARGV do
+  args[#args + 1] = due
+  args[#args + 1] = ARGV[i]
+end
+redis.call('ZADD', KEYS[1], unpack(args))
+wake(KEYS[2])
+return due

@@ -1,0 +1,687 @@
+"""One worker process: an event loop that fetches, runs and acknowledges jobs.
+
+Tasks of the loop:
+
+* **fetch** — one ``pop.lua`` call per queue per round (pipelined across queues, the
+  queue order rotating for fairness) pops up to ``fetch_batch`` jobs and reserves them
+  with a lease; it also promotes due delayed jobs and reaps expired leases. When no queue
+  has work the fetcher blocks (``BLPOP`` on the queues' wake lists, on its own
+  connection) until an enqueue wakes it, the next delayed job is due, or a lease expires.
+* **runners** — ``concurrency`` coroutines take jobs from the local buffer and run them:
+  async handlers inline, plain functions in a thread pool, batch handlers with a list.
+* **flush** — acks, retries and dead letters are buffered and written in batches
+  (``ack.lua``/``nack.lua``), re-sent after a connection error (both are idempotent).
+* **extend** — every third of the lease, ``extend.lua`` pushes the deadline of every
+  held job, so a long job keeps its lease; a crashed worker stops extending and the
+  reaper hands its jobs out again.
+
+Graceful stop (SIGTERM): stop fetching, let running jobs finish until
+``shutdown_timeout_s`` (then cancel them), give back the jobs that never started (and the
+cancelled ones) with ``release.lua``, flush, exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import random
+import signal
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import redis
+import redis.asyncio
+
+from . import codec
+from .codec import Job
+from .errors import Retry
+from .keys import QueueKeys
+
+if TYPE_CHECKING:
+    from .app import App, Task
+
+log = logging.getLogger("batchq.worker")
+
+CHUNK = 1000
+PROMOTE_CHUNK = 100
+"""Delayed jobs moved and expired leases reaped per pop call."""
+
+_CONN_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """How one worker process runs."""
+
+    queues: tuple[str, ...] = ()
+    """Queues to serve; empty means every queue the app's tasks use."""
+    concurrency: int = 100
+    lease_s: float = 30.0
+    fetch_batch: int = 100
+    burst: bool = False
+    shutdown_timeout_s: float = 30.0
+    max_block_s: float = 5.0
+    """Longest idle wait between two looks at Redis (bounds idle command rate)."""
+    max_jobs: int | None = None
+    """Stop gracefully after this many jobs (recycling, for leaky handlers)."""
+    install_signal_handlers: bool = True
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if self.lease_s < 1:
+            raise ValueError("lease_s must be at least 1 second")
+        if not 1 <= self.fetch_batch <= CHUNK:
+            raise ValueError(f"fetch_batch must be 1..{CHUNK}")
+
+
+@dataclass
+class Counters:
+    """What this process did, for progress output and tests."""
+
+    fetched: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    retried: int = 0
+    dead: int = 0
+    released: int = 0
+    stale_acks: int = 0
+    leases_lost: int = 0
+    promoted: int = 0
+    reaped: int = 0
+    by_reason: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Buffers:
+    """Results waiting to be written, per queue."""
+
+    acks: list[bytes] = field(default_factory=list)
+    retries: list[tuple[bytes, int]] = field(default_factory=list)
+    dead: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.acks or self.retries or self.dead)
+
+
+def backoff_s(base_s: float, max_s: float, attempt: int) -> float:
+    """Exponential backoff with equal jitter: half fixed, half random."""
+    d = min(max_s, base_s * 2.0 ** max(0, attempt - 1))
+    return d / 2 + random.uniform(0, d / 2)
+
+
+class Worker:
+    """Runs the jobs of some queues in this process until stopped (or, in burst mode,
+    until the queues are empty)."""
+
+    def __init__(self, app: App, settings: WorkerSettings | None = None,
+                 *, worker_id: str | None = None) -> None:
+        self.app = app
+        self.settings = s = settings or WorkerSettings()
+        names = s.queues or tuple(app.queues()) or ("default",)
+        self.queues: tuple[QueueKeys, ...] = tuple(app.keys(q) for q in names)
+        self.worker_id = worker_id or f"{os.uname().nodename}:{os.getpid()}"
+        self.counters = Counters()
+        self._tasks: dict[str, Task[..., Any]] = app.tasks
+        self._work: collections.deque[Job | list[Job]] = collections.deque()
+        self._held: dict[str, dict[bytes, Job]] = {k.queue: {} for k in self.queues}
+        self._buf: dict[str, _Buffers] = {k.queue: _Buffers() for k in self.queues}
+        self._interrupted: list[Job] = []
+        self._in_flight = 0
+        self._jobs_done = 0
+        self._idle_runners: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._rotation = 0
+        self._stopping = False
+        self._fast = False
+        self._pool: ThreadPoolExecutor | None = None
+        self._blpop: asyncio.Task[Any] | None = None
+        self._idle = False
+
+    # --- control ---------------------------------------------------------------------
+
+    def request_stop(self, fast: bool = False) -> None:
+        """Begin a graceful stop (``fast``: cancel running jobs now). Thread-unsafe:
+        call from the loop (signal handlers installed with ``add_signal_handler`` are)."""
+        if self._stopping and not fast:
+            fast = True  # a second request hurries the first
+        if fast:
+            self._fast = True
+        if not self._stopping:
+            log.info("stopping: no new jobs will be fetched")
+        self._stopping = True
+        self._stop_event.set()
+        self._room.set()
+        self._wake_runners(len(self._idle_runners))
+        if fast and self._runner_tasks:
+            for t in self._runner_tasks:
+                t.cancel()
+
+    async def run(self) -> int:
+        """Serve until stopped. Returns the process exit code (0 on a clean stop)."""
+        self._loop = asyncio.get_running_loop()
+        self._stop_event = asyncio.Event()
+        self._room = asyncio.Event()
+        self._flush_event = asyncio.Event()
+        self._runner_tasks: list[asyncio.Task[None]] = []
+        s = self.settings
+        self._redis = self.app.redis_settings.async_client()
+        self._bredis = self.app.redis_settings.async_client(socket_timeout_s=s.max_block_s + 10)
+        from .scripts import AsyncScripts
+
+        self._scripts = AsyncScripts(self._redis)
+        if s.install_signal_handlers:
+            self._install_signals()
+        await self._startup()
+        flusher = asyncio.create_task(self._flush_loop(), name="batchq-flush")
+        extender = asyncio.create_task(self._extend_loop(), name="batchq-extend")
+        self._runner_tasks = [
+            asyncio.create_task(self._runner(), name=f"batchq-run-{i}")
+            for i in range(s.concurrency)
+        ]
+        try:
+            await self._fetch_loop()
+        finally:
+            self._stopping = True
+            self._wake_runners(len(self._idle_runners))
+            await self._drain()
+            extender.cancel()
+            flusher.cancel()
+            await asyncio.gather(extender, flusher, return_exceptions=True)
+            await self._flush_with_retry(final=True)
+            await self._close()
+        return 0
+
+    def _install_signals(self) -> None:
+        loop = self._loop
+        loop.add_signal_handler(signal.SIGTERM, self.request_stop)
+        loop.add_signal_handler(signal.SIGINT, self.request_stop)
+        loop.add_signal_handler(signal.SIGQUIT, lambda: self.request_stop(fast=True))
+
+    async def _startup(self) -> None:
+        """Register the queues; a Redis that cannot be reached fails the start."""
+        from .keys import queues_key
+
+        await self._redis.sadd(queues_key(self.app.namespace),
+                               *(k.queue for k in self.queues))
+        log.info("worker %s serving %s (concurrency %d, lease %.0fs)", self.worker_id,
+                 ",".join(k.queue for k in self.queues), self.settings.concurrency,
+                 self.settings.lease_s)
+
+    async def _close(self) -> None:
+        if self._blpop is not None:
+            self._blpop.cancel()
+            with contextlib.suppress(BaseException):
+                await self._blpop
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        await self._redis.aclose()
+        await self._bredis.aclose()
+
+    # --- fetch -----------------------------------------------------------------------
+
+    async def _fetch_loop(self) -> None:
+        s = self.settings
+        cap = s.concurrency + s.fetch_batch
+        pause = 0.0
+        while not self._stopping:
+            free = cap - self._in_flight
+            if s.max_jobs is not None:
+                free = min(free, s.max_jobs - self._jobs_done - self._in_flight)
+                if free <= 0 and self._in_flight == 0:
+                    log.info("max jobs (%d) reached: recycling", s.max_jobs)
+                    self._stopping = True
+                    break
+            if free <= 0 or len(self._work) >= s.fetch_batch:
+                self._room.clear()
+                await self._room.wait()
+                continue
+            try:
+                got, wait_s = await self._pop(free)
+                pause = 0.0
+            except _CONN_ERRORS as exc:
+                pause = min(5.0, max(0.1, pause * 2))
+                log.warning("fetch failed (%s); retrying in %.1fs", exc, pause)
+                await self._sleep_unless_stopped(pause)
+                continue
+            if got:
+                continue
+            if s.burst and self._in_flight == 0 and await self._queues_empty():
+                log.info("burst: queues are empty, stopping")
+                break
+            await self._idle_wait(wait_s)
+
+    async def _pop(self, free: int) -> tuple[int, float]:
+        """Pop from every queue (rotating the order); returns (jobs got, idle wait)."""
+        s = self.settings
+        qs = self.queues
+        n = len(qs)
+        lease_ms = int(s.lease_s * 1000)
+        if n == 1:
+            k = qs[0]
+            want = min(free, s.fetch_batch)
+            results = [await self._scripts.pop(self._pop_keys(k), [want, lease_ms, PROMOTE_CHUNK])]
+            order: tuple[QueueKeys, ...] = qs
+        else:
+            self._rotation = (self._rotation + 1) % n
+            order = qs[self._rotation :] + qs[: self._rotation]
+            share = max(1, min(s.fetch_batch, -(-free // n)))
+            pipe = self._redis.pipeline(transaction=False)
+            for k in order:
+                want = min(share, free)
+                free -= want
+                await self._scripts.pop(self._pop_keys(k), [want, lease_ms, PROMOTE_CHUNK],
+                                        client=pipe)
+            results = await pipe.execute()
+        got = 0
+        wait_ms = s.max_block_s * 1000
+        for k, res in zip(order, results, strict=True):
+            now, next_due, next_deadline, promoted, reaped, buried = res[:6]
+            c = self.counters
+            c.promoted += promoted
+            c.reaped += reaped
+            if buried:
+                c.dead += buried
+            for due in (next_due, next_deadline):
+                if due >= 0:
+                    wait_ms = min(wait_ms, due - now + 2)
+            if len(res) > 6:
+                got += self._accept(k.queue, res[6:])
+        return got, max(0.0, wait_ms / 1000)
+
+    def _pop_keys(self, k: QueueKeys) -> list[str]:
+        return [k.delayed, k.reserved, k.inflight, k.dead, k.dead_jobs, k.wake, k.paused, *k.ready]
+
+    def _accept(self, queue: str, entries: list[bytes]) -> int:
+        """Decode popped entries into the local buffer (batch tasks grouped)."""
+        held = self._held[queue]
+        tasks = self._tasks
+        groups: dict[str, list[Job]] = {}
+        n = 0
+        for raw in entries:
+            try:
+                job = codec.decode_entry(raw, queue)
+            except codec.DecodeError as exc:
+                self._bury_raw(queue, raw, "decode_error", exc)
+                continue
+            held[job.lease] = job
+            n += 1
+            t = tasks.get(job.task)
+            if t is not None and t.is_batch:
+                g = groups.get(job.task)
+                if g is None:
+                    g = groups[job.task] = []
+                    self._work.append(g)
+                g.append(job)
+                if len(g) >= (t.config.batch_size or 1):
+                    del groups[job.task]
+            else:
+                self._work.append(job)
+        self._in_flight += n
+        self.counters.fetched += n
+        self._wake_runners(n)
+        return n
+
+    async def _idle_wait(self, wait_s: float) -> None:
+        """Block until a wake token, ``wait_s`` elapses, or a stop."""
+        if wait_s <= 0:
+            return
+        if self._blpop is None or self._blpop.done():
+            keys = [k.wake for k in self.queues]
+            self._blpop = asyncio.create_task(self._blpop_once(keys))
+        stop = asyncio.ensure_future(self._stop_event.wait())
+        self._idle = True
+        try:
+            await asyncio.wait((self._blpop, stop), timeout=wait_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._idle = False
+            stop.cancel()
+
+    async def _blpop_once(self, keys: list[str]) -> None:
+        try:
+            res = await self._bredis.blpop(keys, timeout=self.settings.max_block_s)
+        except _CONN_ERRORS as exc:
+            log.warning("blocking wait failed (%s)", exc)
+            await asyncio.sleep(0.5)
+            return
+        if res is not None and not self._idle and not self._stopping:
+            # the token arrived while this worker was busy: pass it on to an idle one
+            with contextlib.suppress(*_CONN_ERRORS):
+                await self._redis.rpush(res[0], "1")
+
+    async def _queues_empty(self) -> bool:
+        pipe = self._redis.pipeline(transaction=False)
+        for k in self.queues:
+            for r in k.ready:
+                pipe.llen(r)
+            pipe.zcard(k.delayed)
+            pipe.zcard(k.reserved)
+        return not any(await pipe.execute())
+
+    async def _sleep_unless_stopped(self, delay_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop_event.wait(), delay_s)
+
+    # --- run -------------------------------------------------------------------------
+
+    def _wake_runners(self, n: int) -> None:
+        idle = self._idle_runners
+        while n > 0 and idle:
+            fut = idle.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                n -= 1
+
+    async def _runner(self) -> None:
+        work = self._work
+        while True:
+            if self._stopping:
+                return
+            if not work:
+                fut = self._loop.create_future()
+                self._idle_runners.append(fut)
+                await fut
+                continue
+            item = work.popleft()
+            if type(item) is list:
+                await self._run_batch(item)
+            else:
+                await self._run_one(item)  # type: ignore[arg-type]
+
+    async def _run_one(self, job: Job) -> None:
+        task = self._tasks.get(job.task)
+        if task is None:
+            exc = LookupError(f"no task named {job.task!r} is registered")
+            self._bury(job, "unknown_task", exc)
+            return
+        timeout = task.config.timeout_s
+        try:
+            if not task.is_async:
+                await self._run_sync(task, job, task.fn, *job.args, **job.kwargs)
+                return
+            if timeout is None:
+                await task.fn(*job.args, **job.kwargs)
+            else:
+                async with asyncio.timeout(timeout) as cm:
+                    try:
+                        await task.fn(*job.args, **job.kwargs)
+                    except TimeoutError:
+                        if not cm.expired():
+                            raise
+                        raise _JobTimeout(f"{job.task} ran longer than {timeout}s") from None
+        except asyncio.CancelledError:
+            self._interrupted.append(job)
+            raise
+        except _JobTimeout as exc:
+            self._fail(job, task, exc, "timeout")
+        except Exception as exc:
+            self._fail(job, task, exc, "failed")
+        else:
+            self._ack(job)
+
+    async def _run_sync(self, task: Task[..., Any], job: Job, fn: Callable[..., Any],
+                        *args: Any, **kwargs: Any) -> None:
+        """A plain function in the thread pool. A thread cannot be cancelled: at its
+        timeout the attempt fails (retry or dead letter) and the result is discarded,
+        but the runner waits for the thread before it takes another job, so at most
+        ``concurrency`` threads ever run."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.settings.concurrency,
+                                            thread_name_prefix="batchq-sync")
+        fut = asyncio.wrap_future(self._pool.submit(fn, *args, **kwargs))
+        timeout = task.config.timeout_s
+        try:
+            if timeout is None:
+                await fut
+            else:
+                try:
+                    await asyncio.wait_for(asyncio.shield(fut), timeout)
+                except TimeoutError:
+                    if fut.done():
+                        raise
+                    self._fail(job, task, _JobTimeout(
+                        f"{job.task} ran longer than {timeout}s (its thread was left to "
+                        "finish; the result is discarded)"), "timeout")
+                    with contextlib.suppress(BaseException):
+                        await fut  # hold the slot until the thread returns
+                    return
+        except asyncio.CancelledError:
+            self._interrupted.append(job)
+            raise
+        except Exception as exc:
+            self._fail(job, task, exc, "failed")
+        else:
+            self._ack(job)
+
+    async def _run_batch(self, jobs: list[Job]) -> None:
+        task = self._tasks[jobs[0].task]
+        timeout = task.config.timeout_s
+        try:
+            if task.is_async:
+                async with asyncio.timeout(timeout) as cm:
+                    try:
+                        result = await task.fn(jobs)
+                    except TimeoutError:
+                        if not cm.expired():
+                            raise
+                        raise _JobTimeout(f"{task.name} batch ran longer than {timeout}s") from None
+            else:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self.settings.concurrency,
+                                                    thread_name_prefix="batchq-sync")
+                result = await self._loop.run_in_executor(self._pool, task.fn, jobs)
+        except asyncio.CancelledError:
+            self._interrupted.extend(jobs)
+            raise
+        except _JobTimeout as exc:
+            for j in jobs:
+                self._fail(j, task, exc, "timeout")
+            return
+        except Exception as exc:
+            for j in jobs:
+                self._fail(j, task, exc, "failed")
+            return
+        failures: Mapping[Any, Any] = result if isinstance(result, Mapping) else {}
+        for j in jobs:
+            err = failures.get(j.id)
+            if err is None:
+                self._ack(j)
+            else:
+                failure = err if isinstance(err, BaseException) else JobFailed(str(err))
+                self._fail(j, task, failure, "failed")
+
+    # --- outcomes --------------------------------------------------------------------
+
+    def _settle(self, job: Job) -> _Buffers:
+        self._held[job.queue].pop(job.lease, None)
+        self._in_flight -= 1
+        self._jobs_done += 1
+        self._flush_event.set()
+        self._room.set()
+        return self._buf[job.queue]
+
+    def _ack(self, job: Job) -> None:
+        self._settle(job).acks.append(job.lease)
+        self.counters.succeeded += 1
+
+    def _fail(self, job: Job, task: Task[..., Any], exc: BaseException, reason: str) -> None:
+        self.counters.failed += 1
+        if job.attempt >= job.max_attempts:
+            self._bury(job, reason, exc)
+            return
+        c = task.config
+        if isinstance(exc, Retry) and exc.delay_s is not None:
+            delay = exc.delay_s
+        else:
+            delay = backoff_s(c.retry_backoff_s, c.retry_backoff_max_s, job.attempt)
+        log.info("job %s (%s) attempt %d/%d failed: %s: %s; retry in %.2fs", job.id, job.task,
+                 job.attempt, job.max_attempts, type(exc).__name__, exc, delay)
+        self._settle(job).retries.append((job.lease, int(delay * 1000)))
+        self.counters.retried += 1
+
+    def _bury(self, job: Job, reason: str, exc: BaseException) -> None:
+        log.warning("job %s (%s) dead-lettered: %s: %s: %s", job.id, job.task, reason,
+                    type(exc).__name__, exc)
+        record = codec.encode_dead_record(
+            job.id, reason, job.raw, error_type=type(exc).__name__, error_message=str(exc),
+            traceback="".join(traceback.format_exception(exc)),
+        )
+        self._settle(job).dead.append((job.lease, record))
+        self._count_dead(reason)
+
+    def _bury_raw(self, queue: str, raw: bytes, reason: str, exc: BaseException) -> None:
+        """Dead-letter an entry that is not a job (it never entered the buffer)."""
+        jid, lease = codec.lease_of(raw)
+        log.warning("job %s in %s dead-lettered: %s: %s", jid, queue, reason, exc)
+        record = codec.encode_dead_record(jid, reason, raw, error_type=type(exc).__name__,
+                                          error_message=str(exc))
+        self._buf[queue].dead.append((lease, record))
+        self._flush_event.set()
+        self._count_dead(reason)
+
+    def _count_dead(self, reason: str) -> None:
+        self.counters.dead += 1
+        self.counters.by_reason[reason] = self.counters.by_reason.get(reason, 0) + 1
+
+    # --- flush -----------------------------------------------------------------------
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self._flush_event.wait()
+            self._flush_event.clear()
+            await self._flush_with_retry()
+
+    async def _flush_with_retry(self, final: bool = False) -> None:
+        pause = 0.05
+        for _ in range(8 if final else 1_000_000):
+            try:
+                await self._flush()
+                return
+            except _CONN_ERRORS as exc:
+                log.warning("writing results failed (%s); retrying in %.1fs", exc, pause)
+                await asyncio.sleep(pause)
+                pause = min(5.0, pause * 2)
+        log.error("could not write results before exit; their leases will expire and the "
+                  "jobs run again")
+
+    async def _flush(self) -> None:
+        todo = [(k, self._buf[k.queue]) for k in self.queues if self._buf[k.queue]]
+        if not todo:
+            return
+        for k, _ in todo:
+            self._buf[k.queue] = _Buffers()
+        calls: list[tuple[str, Any]] = []
+        pipe = self._redis.pipeline(transaction=False)
+        try:
+            for k, b in todo:
+                for i in range(0, len(b.acks), CHUNK):
+                    await self._scripts.ack([k.reserved, k.inflight], b.acks[i : i + CHUNK],
+                                            client=pipe)
+                    calls.append(("ack", None))
+                if b.retries or b.dead:
+                    args: list[Any] = [len(b.retries)]
+                    for lease, delay in b.retries:
+                        args += [lease, delay]
+                    for lease, rec in b.dead:
+                        args += [lease, rec]
+                    await self._scripts.nack(
+                        [k.reserved, k.inflight, k.delayed, k.dead, k.dead_jobs], args,
+                        client=pipe)
+                    calls.append(("nack", None))
+            results = await pipe.execute()
+        except BaseException:
+            # put everything back in front of what arrived meanwhile; resending is safe
+            for k, b in todo:
+                cur = self._buf[k.queue]
+                self._buf[k.queue] = _Buffers(b.acks + cur.acks, b.retries + cur.retries,
+                                              b.dead + cur.dead)
+            raise
+        self.counters.stale_acks += sum(int(r) for r in results)
+
+    # --- leases ----------------------------------------------------------------------
+
+    async def _extend_loop(self) -> None:
+        every = self.settings.lease_s / 3
+        lease_ms = int(self.settings.lease_s * 1000)
+        while True:
+            await asyncio.sleep(every)
+            for k in self.queues:
+                leases = [*self._held[k.queue], *self._buf[k.queue].acks]
+                for i in range(0, len(leases), CHUNK):
+                    part = leases[i : i + CHUNK]
+                    try:
+                        lost = await self._scripts.extend([k.reserved], [lease_ms, *part])
+                    except _CONN_ERRORS as exc:
+                        log.warning("extending leases failed (%s)", exc)
+                        break
+                    if lost:
+                        self.counters.leases_lost += len(lost)
+                        log.warning("%d leases in %s expired before they could be extended; "
+                                    "those jobs may run twice", len(lost), k.queue)
+
+    # --- stop ------------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        """Let running jobs finish (until the shutdown timeout), then give back the rest."""
+        runners = self._runner_tasks
+        if runners:
+            timeout = 0 if self._fast else self.settings.shutdown_timeout_s
+            _, pending = await asyncio.wait(runners, timeout=timeout or None) if timeout \
+                else (set(), {t for t in runners if not t.done()})
+            if pending:
+                log.warning("shutdown timeout: cancelling %d running jobs", len(pending))
+                for t in pending:
+                    t.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+        # jobs that never started, and the ones cancelled mid-run, go back at once
+        back: dict[str, list[bytes]] = {k.queue: [] for k in self.queues}
+        for item in self._work:
+            for job in (item if isinstance(item, list) else [item]):
+                back[job.queue].append(job.lease)
+        for job in self._interrupted:
+            back[job.queue].append(job.lease)
+        self._work.clear()
+        for k in self.queues:
+            leases = back[k.queue]
+            for i in range(0, len(leases), CHUNK):
+                try:
+                    n = await self._scripts.release([k.reserved, k.inflight, k.wake, *k.ready],
+                                                    leases[i : i + CHUNK])
+                    self.counters.released += int(n)
+                except _CONN_ERRORS as exc:
+                    log.error("could not give back %d jobs (%s); they return when their "
+                              "leases expire", len(leases), exc)
+            for lease in leases:
+                self._held[k.queue].pop(lease, None)
+
+
+class _JobTimeout(Exception):
+    """A handler ran past its task's ``timeout_s``."""
+
+
+class JobFailed(Exception):
+    """A per-job failure reported by a batch handler as a message."""
+
+
+def run_worker(app: App, settings: WorkerSettings | None = None) -> int:
+    """Run one worker process to completion on uvloop; returns the exit code."""
+    try:
+        import uvloop
+
+        factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on POSIX
+        factory = None
+    worker = Worker(app, settings)
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(worker.run())
+
+
+def _now_s() -> float:
+    return time.time()

@@ -1,0 +1,161 @@
+"""Shared helpers for the batchq test-suite (polling, ports, running the CLI)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TESTS_DIR = REPO_ROOT / "tests"
+
+T = TypeVar("T")
+
+# Processes started by start_cli(); conftest kills leftovers at session end.
+_STARTED: list[CliProcess] = []
+
+
+def wait_until(
+    predicate: Callable[[], T],
+    timeout_s: float = 10.0,
+    interval_s: float = 0.02,
+    message: str = "",
+) -> T:
+    """Poll ``predicate`` until it returns a truthy value, and return that value.
+
+    Raises AssertionError (with ``message``) if it is still falsy after ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            detail = f": {message}" if message else ""
+            raise AssertionError(f"condition not met within {timeout_s:.1f}s{detail}")
+        time.sleep(interval_s)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Return a TCP port that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def cli_env(env: Mapping[str, str | None] | None = None) -> dict[str, str]:
+    """Environment for a CLI subprocess: os.environ + ``env`` (None values unset).
+
+    PYTHONPATH gets the repo root and tests/ prepended; output is unbuffered.
+    """
+    merged = dict(os.environ)
+    merged["PYTHONUNBUFFERED"] = "1"
+    for key, value in (env or {}).items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = value
+    paths = [str(REPO_ROOT), str(TESTS_DIR)]
+    if merged.get("PYTHONPATH"):
+        paths.append(merged["PYTHONPATH"])
+    merged["PYTHONPATH"] = os.pathsep.join(paths)
+    return merged
+
+
+def run_cli(
+    args: Sequence[str],
+    env: Mapping[str, str | None] | None = None,
+    timeout_s: float = 60,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m batchq *args`` to completion and capture stdout/stderr (text)."""
+    return subprocess.run(
+        [sys.executable, "-m", "batchq", *args],
+        cwd=REPO_ROOT,
+        env=cli_env(env),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+class CliProcess(subprocess.Popen[str]):
+    """A running ``python -m batchq`` process whose stdout+stderr go to a log file."""
+
+    log_path: Path
+
+    def read_log(self) -> str:
+        return read_log(self)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> int:
+        return stop_proc(self, sig=sig, timeout_s=timeout_s)
+
+
+def start_cli(
+    args: Sequence[str],
+    env: Mapping[str, str | None] | None = None,
+) -> CliProcess:
+    """Start ``python -m batchq *args`` without waiting (same process group).
+
+    stdout and stderr are combined into a temporary log file; use
+    ``read_log(proc)`` / ``proc.read_log()`` to read it.
+    """
+    fd, name = tempfile.mkstemp(prefix="batchq-cli-", suffix=".log")
+    with os.fdopen(fd, "wb") as log:
+        proc = CliProcess(
+            [sys.executable, "-m", "batchq", *args],
+            cwd=REPO_ROOT,
+            env=cli_env(env),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    proc.log_path = Path(name)
+    _STARTED.append(proc)
+    return proc
+
+
+def read_log(proc: Any) -> str:
+    """Combined stdout/stderr written so far by a process from ``start_cli``."""
+    path: Path = proc.log_path
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def stop_proc(
+    proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout_s: float = 10.0
+) -> int:
+    """Send ``sig`` if running, wait ``timeout_s``, then SIGKILL; return the exit code."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+    return proc.wait(timeout=10)
+
+
+def cleanup_started() -> None:
+    """Kill any start_cli() process still running and delete the log files."""
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            with contextlib.suppress(Exception):
+                stop_proc(proc, sig=signal.SIGKILL, timeout_s=5)
+        with contextlib.suppress(OSError):
+            proc.log_path.unlink()
