@@ -1,6 +1,8 @@
 """The ``batchq`` command: argument parsing and output only; returns exit codes.
 
-Exit codes: 0 ok, 1 error, 2 usage, 3 cannot import the app, 4 cannot reach Redis.
+Settings are resolved once: a command-line flag wins over its ``BATCHQ_*`` environment
+variable, which wins over the default. Exit codes: 0 ok, 1 error, 2 usage, 3 cannot
+import the app, 4 cannot reach Redis.
 """
 
 from __future__ import annotations
@@ -10,13 +12,16 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import redis
 
 from .app import App
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_IMPORT, EXIT_REDIS = 0, 1, 2, 3, 4
+
+log = logging.getLogger("batchq.cli")
 
 
 class AppImportError(Exception):
@@ -40,59 +45,113 @@ def load_app(ref: str) -> App:
     return obj
 
 
-def _env(name: str, default: str) -> str:
-    return os.environ.get(f"BATCHQ_{name}", default)
+class UsageError(Exception):
+    """A bad setting (flag or environment variable)."""
+
+
+def _env_default(env: str, default: Any, kind: Callable[[str], Any]) -> Any:
+    raw = os.environ.get(env)
+    if raw is None or raw == "":
+        return default
+    try:
+        return kind(raw)
+    except ValueError as exc:
+        raise UsageError(f"bad value for {env}: {raw!r} ({exc})") from None
+
+
+def _bool(raw: str) -> bool:
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true/false")
+
+
+def _opt(p: argparse.ArgumentParser, *flags: str, env: str, default: Any,
+         kind: Callable[[str], Any] = str, help: str, **kw: Any) -> None:
+    """A flag that falls back to ``BATCHQ_<env>`` and then to ``default``."""
+    var = f"BATCHQ_{env}"
+    shown = "unset" if default is None else default
+    if kind is _bool:
+        p.add_argument(*flags, action="store_true", default=_env_default(var, default, kind),
+                       help=f"{help} [env {var}; default {shown}]", **kw)
+    else:
+        p.add_argument(*flags, type=kind, default=_env_default(var, default, kind),
+                       help=f"{help} [env {var}; default {shown}]", **kw)
+
+
+def add_redis_url(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--redis-url", default=None,
+                   help="Redis URL [env BATCHQ_REDIS_URL; default the app's, else "
+                   "redis://127.0.0.1:6379/0]")
+
+
+def _worker_parser(sub: Any) -> None:
+    w = sub.add_parser(
+        "worker", help="run worker processes",
+        description="Run jobs. Without -p: one worker process in the foreground. With -p N: "
+        "a supervisor that forks N worker processes, replaces dead ones and handles "
+        "signals (TERM graceful, INT/QUIT fast, HUP rolling restart, TTIN/TTOU one more "
+        "or less, TSTP pause fetching, CONT resume).")
+    w.add_argument("app", help="MODULE:APP, e.g. myproject.tasks:app")
+    _opt(w, "-p", "--processes", env="PROCESSES", default=None, kind=int,
+         help="worker processes under a supervisor")
+    _opt(w, "-q", "--queues", env="QUEUES", default="",
+         help="comma-separated queues to serve (empty: every queue of the app's tasks)")
+    _opt(w, "-c", "--concurrency", env="CONCURRENCY", default=100, kind=int,
+         help="jobs run at once per process")
+    _opt(w, "--lease-s", env="LEASE_S", default=30.0, kind=float,
+         help="reservation taken on each job, extended while it runs")
+    _opt(w, "--fetch-batch", env="FETCH_BATCH", default=100, kind=int,
+         help="jobs popped per Redis call")
+    _opt(w, "--shutdown-timeout", env="SHUTDOWN_TIMEOUT", default=30.0, kind=float,
+         help="seconds running jobs get to finish on SIGTERM before they are cancelled")
+    _opt(w, "--max-jobs-per-child", env="MAX_JOBS_PER_CHILD", default=None, kind=int,
+         help="recycle a worker process after this many jobs")
+    _opt(w, "--heartbeat-timeout", env="HEARTBEAT_TIMEOUT", default=30.0, kind=float,
+         help="kill a worker process whose event loop has not turned for this long (-p)")
+    _opt(w, "--burst", env="BURST", default=False, kind=_bool,
+         help="exit 0 once the queues have nothing ready, delayed or reserved")
+    add_redis_url(w)
+    _opt(w, "--log-level", env="LOG_LEVEL", default="INFO", help="log level")
+    _opt(w, "--log-format", env="LOG_FORMAT", default="plain", help="plain or json")
 
 
 def _parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     p = argparse.ArgumentParser(prog="batchq", description="batchq: a Redis job queue")
+    p.add_argument("--version", action="version", version=f"batchq {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-
-    w = sub.add_parser("worker", help="run a worker process",
-                       description="Run jobs. Every flag also reads BATCHQ_<FLAG> from the "
-                       "environment (e.g. BATCHQ_CONCURRENCY); the flag wins.")
-    w.add_argument("app", help="MODULE:APP, e.g. myproject.tasks:app")
-    w.add_argument("-q", "--queues", default=_env("QUEUES", ""),
-                   help="comma-separated queues to serve (default: every queue of the app)")
-    w.add_argument("-c", "--concurrency", type=int, default=int(_env("CONCURRENCY", "100")),
-                   help="jobs run at once per process (default 100)")
-    w.add_argument("--lease-s", type=float, default=float(_env("LEASE_S", "30")),
-                   help="reservation taken on each job, extended while it runs (default 30)")
-    w.add_argument("--fetch-batch", type=int, default=int(_env("FETCH_BATCH", "100")),
-                   help="jobs popped per Redis call (default 100)")
-    w.add_argument("--shutdown-timeout", type=float,
-                   default=float(_env("SHUTDOWN_TIMEOUT", "30")),
-                   help="seconds running jobs get to finish on SIGTERM (default 30)")
-    w.add_argument("--burst", action="store_true",
-                   default=_env("BURST", "") not in ("", "0", "false"),
-                   help="exit 0 once the queues have nothing ready, delayed or reserved")
-    w.add_argument("--redis-url", default=None, help="overrides the app's Redis URL")
-    w.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"))
-
+    _worker_parser(sub)
     s = sub.add_parser("server", help="run an embedded Valkey server in the foreground")
     s.add_argument("--port", type=int, default=6399)
     s.add_argument("--host", default="127.0.0.1")
+    from .cli_ops import add_commands
+
+    add_commands(sub)
     return p
-
-
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format=f"%(asctime)s %(levelname)s [{os.getpid()}] %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from .connection import RedisSettings
+    from .health import check
+    from .logs import setup_logging
     from .worker import WorkerSettings, run_worker
 
-    _setup_logging(args.log_level)
+    try:
+        setup_logging(args.log_level, args.log_format, "supervisor" if args.processes else
+                      "worker")
+    except ValueError as exc:
+        print(f"batchq: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    before = set(sys.modules)
     try:
         app = load_app(args.app)
     except AppImportError as exc:
-        print(f"batchq: {exc}", file=sys.stderr)
+        log.error("%s", exc)
         return EXIT_IMPORT
+    app_modules = set(sys.modules) - before
     if args.redis_url:
         app.redis_settings = RedisSettings(args.redis_url)
     queues = tuple(q for q in (x.strip() for x in args.queues.split(",")) if q)
@@ -104,17 +163,39 @@ def cmd_worker(args: argparse.Namespace) -> int:
             fetch_batch=args.fetch_batch,
             burst=args.burst,
             shutdown_timeout_s=args.shutdown_timeout,
+            max_jobs=args.max_jobs_per_child,
         )
+        for q in queues:
+            app.keys(q)
     except ValueError as exc:
-        print(f"batchq: {exc}", file=sys.stderr)
+        log.error("%s", exc)
         return EXIT_USAGE
-    try:
-        return run_worker(app, settings)
-    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-        from .connection import redact
-
-        print(f"batchq: cannot reach Redis at {redact(app.redis_url)}: {exc}", file=sys.stderr)
+    health = check(app.redis_settings)
+    if not health.reachable:
+        log.error("%s", health.reason)
         return EXIT_REDIS
+    if not health.ok:
+        log.warning("%s", health.reason)
+    if not args.processes:
+        try:
+            return run_worker(app, settings)
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            log.error("lost Redis during start-up: %s", exc)
+            return EXIT_REDIS
+    from .supervisor import Supervisor, SupervisorSettings
+
+    if args.processes < 1:
+        log.error("-p must be at least 1")
+        return EXIT_USAGE
+    sup = Supervisor(
+        app,
+        lambda: load_app(args.app),
+        app_modules,
+        SupervisorSettings(processes=args.processes, heartbeat_timeout_s=args.heartbeat_timeout,
+                           log_level=args.log_level, log_format=args.log_format),
+        settings,
+    )
+    return sup.run()
 
 
 def cmd_server(args: argparse.Namespace) -> int:
@@ -124,6 +205,11 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    handler = {"worker": cmd_worker, "server": cmd_server}[args.command]
+    try:
+        args = _parser().parse_args(argv)
+    except UsageError as exc:
+        print(f"batchq: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    handler: Callable[[argparse.Namespace], int] = args.handler if hasattr(args, "handler") \
+        else {"worker": cmd_worker, "server": cmd_server}[args.command]
     return handler(args)

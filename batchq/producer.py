@@ -24,6 +24,7 @@ import redis.asyncio
 from . import codec
 from .errors import EnqueueError, PayloadTooLarge
 from .keys import MAX_PRIORITY, QueueKeys
+from .scripts import arun_pipeline, run_pipeline
 
 if TYPE_CHECKING:
     from .app import App
@@ -227,7 +228,7 @@ def enqueue_many(app: App, p: _Plan, items: Iterable[Any]) -> list[str]:
                 keys, args = p.script_args(entries, check=False)
                 script(keys, args, client=pipe)
             try:
-                results = pipe.execute(raise_on_error=False)
+                results = run_pipeline(pipe, app.redis)
             except _CONN_ERRORS as exc:
                 raise EnqueueError(
                     f"connection lost during enqueue_many of {p.task}: {len(written)} jobs "
@@ -296,7 +297,7 @@ async def aenqueue_many(app: App, p: _Plan, items: Iterable[Any]) -> list[str]:
                 keys, args = p.script_args(entries, check=False)
                 await script(keys, args, client=pipe)
             try:
-                results = await pipe.execute(raise_on_error=False)
+                results = await arun_pipeline(pipe, app.async_redis())
             except _CONN_ERRORS as exc:
                 raise EnqueueError(
                     f"connection lost during enqueue_many of {p.task}: {len(written)} jobs "

@@ -42,7 +42,8 @@ import redis.asyncio
 from . import codec
 from .codec import Job
 from .errors import Retry
-from .keys import QueueKeys
+from .keys import QueueKeys, worker_info_key, workers_key
+from .scripts import AsyncScript, AsyncScripts, arun_pipeline
 
 if TYPE_CHECKING:
     from .app import App, Task
@@ -52,6 +53,12 @@ log = logging.getLogger("batchq.worker")
 CHUNK = 1000
 PROMOTE_CHUNK = 100
 """Delayed jobs moved and expired leases reaped per pop call."""
+
+BURST_POLL_S = 0.2
+"""In burst mode, how often an idle worker re-checks whether the queues are done."""
+
+REGISTRY_EVERY_S = 5.0
+"""How often a worker refreshes its entry in the worker registry."""
 
 _CONN_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
 
@@ -72,6 +79,10 @@ class WorkerSettings:
     max_jobs: int | None = None
     """Stop gracefully after this many jobs (recycling, for leaky handlers)."""
     install_signal_handlers: bool = True
+    heartbeat_path: str | None = None
+    """A file whose mtime the loop refreshes every ``heartbeat_interval_s``; the
+    supervisor kills a child whose file goes stale (a blocked event loop)."""
+    heartbeat_interval_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -143,6 +154,9 @@ class Worker:
         self._pool: ThreadPoolExecutor | None = None
         self._blpop: asyncio.Task[Any] | None = None
         self._idle = False
+        self._fetch_paused = False
+        self._waking = 0
+        self.started_at = time.time()
 
     # --- control ---------------------------------------------------------------------
 
@@ -173,14 +187,13 @@ class Worker:
         s = self.settings
         self._redis = self.app.redis_settings.async_client()
         self._bredis = self.app.redis_settings.async_client(socket_timeout_s=s.max_block_s + 10)
-        from .scripts import AsyncScripts
-
         self._scripts = AsyncScripts(self._redis)
         if s.install_signal_handlers:
             self._install_signals()
         await self._startup()
         flusher = asyncio.create_task(self._flush_loop(), name="batchq-flush")
         extender = asyncio.create_task(self._extend_loop(), name="batchq-extend")
+        beater = asyncio.create_task(self._heartbeat_loop(), name="batchq-heartbeat")
         self._runner_tasks = [
             asyncio.create_task(self._runner(), name=f"batchq-run-{i}")
             for i in range(s.concurrency)
@@ -191,9 +204,9 @@ class Worker:
             self._stopping = True
             self._wake_runners(len(self._idle_runners))
             await self._drain()
-            extender.cancel()
-            flusher.cancel()
-            await asyncio.gather(extender, flusher, return_exceptions=True)
+            for t in (extender, flusher, beater):
+                t.cancel()
+            await asyncio.gather(extender, flusher, beater, return_exceptions=True)
             await self._flush_with_retry(final=True)
             await self._close()
         return 0
@@ -201,8 +214,18 @@ class Worker:
     def _install_signals(self) -> None:
         loop = self._loop
         loop.add_signal_handler(signal.SIGTERM, self.request_stop)
-        loop.add_signal_handler(signal.SIGINT, self.request_stop)
+        loop.add_signal_handler(signal.SIGINT, lambda: self.request_stop(fast=True))
         loop.add_signal_handler(signal.SIGQUIT, lambda: self.request_stop(fast=True))
+        loop.add_signal_handler(signal.SIGTSTP, lambda: self.pause_fetching(True))
+        loop.add_signal_handler(signal.SIGCONT, lambda: self.pause_fetching(False))
+
+    def pause_fetching(self, paused: bool) -> None:
+        """Stop (or resume) taking new jobs; jobs in flight keep running."""
+        if paused == self._fetch_paused:
+            return
+        self._fetch_paused = paused
+        log.info("fetching %s", "paused" if paused else "resumed")
+        self._room.set()
 
     async def _startup(self) -> None:
         """Register the queues; a Redis that cannot be reached fails the start."""
@@ -214,7 +237,54 @@ class Worker:
                  ",".join(k.queue for k in self.queues), self.settings.concurrency,
                  self.settings.lease_s)
 
+    async def _heartbeat_loop(self) -> None:
+        """Prove the loop turns: refresh the supervisor's heartbeat file every interval,
+        and the worker registry in Redis (read by ``batchq info``) every few seconds."""
+        s = self.settings
+        path = s.heartbeat_path
+        info_key = worker_info_key(self.app.namespace, self.worker_id)
+        every = max(1, round(REGISTRY_EVERY_S / s.heartbeat_interval_s))
+        tick = 0
+        while True:
+            if path:
+                with contextlib.suppress(OSError):
+                    os.utime(path)
+            if tick % every == 0:
+                with contextlib.suppress(*_CONN_ERRORS):
+                    await self._publish(info_key)
+            tick += 1
+            await asyncio.sleep(s.heartbeat_interval_s)
+
+    async def _publish(self, info_key: str) -> None:
+        c = self.counters
+        now = time.time()
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.zadd(workers_key(self.app.namespace), {self.worker_id: int(now * 1000)})
+        pipe.hset(info_key, mapping={
+            "id": self.worker_id,
+            "host": os.uname().nodename,
+            "pid": os.getpid(),
+            "queues": ",".join(k.queue for k in self.queues),
+            "concurrency": self.settings.concurrency,
+            "started_at": f"{self.started_at:.3f}",
+            "heartbeat_at": f"{now:.3f}",
+            "succeeded": c.succeeded,
+            "failed": c.failed,
+            "in_flight": self._in_flight,
+            "paused": int(self._fetch_paused),
+        })
+        pipe.expire(info_key, int(REGISTRY_EVERY_S * 6))
+        await pipe.execute()
+
+    async def _unpublish(self) -> None:
+        with contextlib.suppress(*_CONN_ERRORS):
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.zrem(workers_key(self.app.namespace), self.worker_id)
+            pipe.delete(worker_info_key(self.app.namespace, self.worker_id))
+            await pipe.execute()
+
     async def _close(self) -> None:
+        await self._unpublish()
         if self._blpop is not None:
             self._blpop.cancel()
             with contextlib.suppress(BaseException):
@@ -228,9 +298,15 @@ class Worker:
 
     async def _fetch_loop(self) -> None:
         s = self.settings
-        cap = s.concurrency + s.fetch_batch
+        # two batches beyond the running ones: the next pop is on the wire while the
+        # current batch runs, so Redis and this process work at the same time
+        cap = s.concurrency + 2 * s.fetch_batch
         pause = 0.0
         while not self._stopping:
+            if self._fetch_paused:
+                self._room.clear()
+                await self._room.wait()
+                continue
             free = cap - self._in_flight
             if s.max_jobs is not None:
                 free = min(free, s.max_jobs - self._jobs_done - self._in_flight)
@@ -238,7 +314,7 @@ class Worker:
                     log.info("max jobs (%d) reached: recycling", s.max_jobs)
                     self._stopping = True
                     break
-            if free <= 0 or len(self._work) >= s.fetch_batch:
+            if free <= 0 or len(self._work) >= 2 * s.fetch_batch:
                 self._room.clear()
                 await self._room.wait()
                 continue
@@ -252,9 +328,12 @@ class Worker:
                 continue
             if got:
                 continue
-            if s.burst and self._in_flight == 0 and await self._queues_empty():
-                log.info("burst: queues are empty, stopping")
-                break
+            if s.burst:
+                if self._in_flight == 0 and await self._queues_empty():
+                    log.info("burst: queues are empty, stopping")
+                    break
+                # others' reservations or delayed jobs remain: look again soon
+                wait_s = min(wait_s, BURST_POLL_S)
             await self._idle_wait(wait_s)
 
     async def _pop(self, free: int) -> tuple[int, float]:
@@ -278,7 +357,10 @@ class Worker:
                 free -= want
                 await self._scripts.pop(self._pop_keys(k), [want, lease_ms, PROMOTE_CHUNK],
                                         client=pipe)
-            results = await pipe.execute()
+            results = await arun_pipeline(pipe, self._redis)
+            for r in results:
+                if isinstance(r, Exception):
+                    raise r
         got = 0
         wait_ms = s.max_block_s * 1000
         for k, res in zip(order, results, strict=True):
@@ -325,7 +407,8 @@ class Worker:
                 self._work.append(job)
         self._in_flight += n
         self.counters.fetched += n
-        self._wake_runners(n)
+        if n and not self._waking:
+            self._wake_runners(1)
         return n
 
     async def _idle_wait(self, wait_s: float) -> None:
@@ -372,14 +455,20 @@ class Worker:
     # --- run -------------------------------------------------------------------------
 
     def _wake_runners(self, n: int) -> None:
+        """Wake up to ``n`` idle runners (all of them when stopping)."""
         idle = self._idle_runners
         while n > 0 and idle:
             fut = idle.popleft()
             if not fut.done():
                 fut.set_result(None)
+                self._waking += 1
                 n -= 1
 
     async def _runner(self) -> None:
+        # Runners wake each other in a chain: a runner that takes a job while more are
+        # buffered wakes one idle runner, unless one is already on its way. Jobs that
+        # never yield are then all run by one runner without a wake-up per job, while
+        # jobs that await I/O fan out over every runner within a few loop turns.
         work = self._work
         while True:
             if self._stopping:
@@ -388,8 +477,11 @@ class Worker:
                 fut = self._loop.create_future()
                 self._idle_runners.append(fut)
                 await fut
+                self._waking -= 1
                 continue
             item = work.popleft()
+            if work and not self._waking:
+                self._wake_runners(1)
             if type(item) is list:
                 await self._run_batch(item)
             else:
@@ -577,25 +669,32 @@ class Worker:
             return
         for k, _ in todo:
             self._buf[k.queue] = _Buffers()
-        calls: list[tuple[str, Any]] = []
-        pipe = self._redis.pipeline(transaction=False)
+        calls: list[tuple[AsyncScript, list[str], list[Any]]] = []
+        for k, b in todo:
+            for i in range(0, len(b.acks), CHUNK):
+                calls.append((self._scripts.ack, [k.reserved, k.inflight],
+                              b.acks[i : i + CHUNK]))
+            nack_keys = [k.reserved, k.inflight, k.delayed, k.dead, k.dead_jobs]
+            # nack.lua takes the retries first (their count in ARGV[1]), then the dead
+            for pairs, retry in ((b.retries, True), (b.dead, False)):
+                for i in range(0, len(pairs), CHUNK):
+                    part = pairs[i : i + CHUNK]
+                    args: list[Any] = [len(part) if retry else 0]
+                    for lease, value in part:
+                        args += [lease, value]
+                    calls.append((self._scripts.nack, nack_keys, args))
         try:
-            for k, b in todo:
-                for i in range(0, len(b.acks), CHUNK):
-                    await self._scripts.ack([k.reserved, k.inflight], b.acks[i : i + CHUNK],
-                                            client=pipe)
-                    calls.append(("ack", None))
-                if b.retries or b.dead:
-                    args: list[Any] = [len(b.retries)]
-                    for lease, delay in b.retries:
-                        args += [lease, delay]
-                    for lease, rec in b.dead:
-                        args += [lease, rec]
-                    await self._scripts.nack(
-                        [k.reserved, k.inflight, k.delayed, k.dead, k.dead_jobs], args,
-                        client=pipe)
-                    calls.append(("nack", None))
-            results = await pipe.execute()
+            if len(calls) == 1:
+                script, keys, args = calls[0]
+                results = [await script(keys, args)]
+            else:
+                pipe = self._redis.pipeline(transaction=False)
+                for script, keys, args in calls:
+                    await script(keys, args, client=pipe)
+                results = await arun_pipeline(pipe, self._redis)
+                for r in results:
+                    if isinstance(r, Exception):
+                        raise r
         except BaseException:
             # put everything back in front of what arrived meanwhile; resending is safe
             for k, b in todo:

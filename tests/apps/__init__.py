@@ -1,0 +1,1 @@
+"""Importable batchq apps for tests that run real worker processes."""

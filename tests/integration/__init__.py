@@ -1,0 +1,1 @@
+"""Integration tests: real worker processes against a real Redis/Valkey."""

@@ -1,0 +1,106 @@
+"""ack.lua: finish jobs; a stale lease (wrong attempt) deletes nothing and is counted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from batchq import codec
+from batchq.keys import QueueKeys
+from batchq.scripts import SyncScripts
+
+
+def entry(jid: str, prio: int = 0, max_attempts: int = 3) -> bytes:
+    return (codec.header(prio, max_attempts) + jid.encode() + b":"
+            + codec.encode_body("t", [jid], {}, 1_700_000_000_000))
+
+
+def with_attempt(e: bytes, attempt: int) -> bytes:
+    p, _, m, jid, body = e.split(b":", 4)
+    return b":".join((p, b"%d" % attempt, m, jid, body))
+
+
+def ns_keys(r: redis.Redis, namespace: str) -> set[bytes]:
+    return set(r.scan_iter(match=f"{namespace}:*", count=1000))
+
+
+@pytest.fixture
+def k(namespace: str, queue_name: str) -> QueueKeys:
+    return QueueKeys(namespace, queue_name)
+
+
+@pytest.fixture
+def s(redis_client: redis.Redis) -> SyncScripts:
+    return SyncScripts(redis_client)
+
+
+def pop(s: SyncScripts, k: QueueKeys, want: int, lease: int = 30_000) -> list[bytes]:
+    res: list[Any] = s.pop(
+        [k.delayed, k.reserved, k.inflight, k.dead, k.dead_jobs, k.wake, k.paused, *k.ready],
+        [want, lease, 100])
+    return list(res[6:])
+
+
+def ack(s: SyncScripts, k: QueueKeys, leases: list[bytes]) -> int:
+    return int(s.ack([k.reserved, k.inflight], leases))
+
+
+def test_ack_removes_reservation_and_inflight_entry(redis_client, s, k, namespace):
+    redis_client.rpush(k.ready_for(0), entry("a"), entry("b"), entry("c"))
+    assert len(pop(s, k, 3)) == 3
+    redis_client.delete(k.wake)
+
+    assert ack(s, k, [b"a:1", b"c:1"]) == 0
+    assert redis_client.zrange(k.reserved, 0, -1) == [b"b:1"]
+    assert redis_client.hgetall(k.inflight) == {b"b": with_attempt(entry("b"), 1)}
+
+    assert ack(s, k, [b"b:1"]) == 0
+    assert ns_keys(redis_client, namespace) == set()
+
+
+def test_ack_of_a_stale_lease_deletes_nothing(redis_client, s, k):
+    e = entry("job")
+    redis_client.rpush(k.ready_for(0), e)
+    pop(s, k, 1)
+    # the lease expires while the first run is still going; the job is handed out again
+    redis_client.zadd(k.reserved, {b"job:1": 1}, xx=True)
+    assert pop(s, k, 1) == [with_attempt(e, 2)]
+    deadline = redis_client.zscore(k.reserved, b"job:2")
+
+    assert ack(s, k, [b"job:1"]) == 1
+    assert redis_client.zrange(k.reserved, 0, -1, withscores=True) == [(b"job:2", deadline)]
+    assert redis_client.hgetall(k.inflight) == {b"job": with_attempt(e, 2)}
+
+    assert ack(s, k, [b"job:2"]) == 0
+    assert redis_client.exists(k.reserved, k.inflight) == 0
+
+
+def test_mixed_batch_counts_only_the_stale_ones(redis_client, s, k):
+    redis_client.rpush(k.ready_for(0), entry("x"), entry("y"))
+    pop(s, k, 2)
+    assert ack(s, k, [b"x:1", b"x:2", b"nobody:1", b"y:1"]) == 2
+    assert redis_client.exists(k.reserved, k.inflight) == 0
+
+
+def test_acking_twice_counts_the_second_as_stale(redis_client, s, k):
+    redis_client.rpush(k.ready_for(0), entry("once"))
+    pop(s, k, 1)
+    assert ack(s, k, [b"once:1"]) == 0
+    assert ack(s, k, [b"once:1"]) == 1
+    assert redis_client.exists(k.reserved, k.inflight) == 0
+
+
+def test_ack_of_1000_leases_in_one_call(redis_client, s, k):
+    redis_client.rpush(k.ready_for(0), *[entry(f"j{i}") for i in range(1000)])
+    assert len(pop(s, k, 1000)) == 1000
+    assert ack(s, k, [b"j%d:1" % i for i in range(1000)]) == 0
+    assert redis_client.exists(k.reserved, k.inflight) == 0
+
+
+def test_ack_leaves_other_queues_state_alone(redis_client, s, k):
+    redis_client.rpush(k.ready_for(0), entry("a"), entry("b"))
+    pop(s, k, 1)
+    ack(s, k, [b"a:1"])
+    assert redis_client.lrange(k.ready_for(0), 0, -1) == [entry("b")]

@@ -1,0 +1,133 @@
+"""enqueue.lua: append encoded jobs to one ready list, wake one idle worker, retry check."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from batchq import codec
+from batchq.keys import QueueKeys
+from batchq.scripts import SyncScripts
+
+
+def entry(jid: str, prio: int = 0, max_attempts: int = 3, task: str = "t",
+          args: tuple[object, ...] = (), ms: int = 1_700_000_000_000) -> bytes:
+    return (codec.header(prio, max_attempts) + jid.encode() + b":"
+            + codec.encode_body(task, list(args), {}, ms))
+
+
+def with_attempt(e: bytes, attempt: int) -> bytes:
+    p, _, m, jid, body = e.split(b":", 4)
+    return b":".join((p, b"%d" % attempt, m, jid, body))
+
+
+def ns_keys(r: redis.Redis, namespace: str) -> set[bytes]:
+    return set(r.scan_iter(match=f"{namespace}:*", count=1000))
+
+
+@pytest.fixture
+def k(namespace: str, queue_name: str) -> QueueKeys:
+    return QueueKeys(namespace, queue_name)
+
+
+@pytest.fixture
+def s(redis_client: redis.Redis) -> SyncScripts:
+    return SyncScripts(redis_client)
+
+
+def enqueue(s: SyncScripts, k: QueueKeys, entries: list[bytes], prio: int = 0,
+            check: bool = False) -> int:
+    return int(s.enqueue([k.ready_for(prio), k.wake, k.inflight],
+                         ["1" if check else "0", *entries]))
+
+
+def test_appends_in_order_and_returns_list_length(redis_client, s, k):
+    first = [entry(f"a{i}") for i in range(3)]
+    second = [entry(f"b{i}") for i in range(2)]
+    assert enqueue(s, k, first) == 3
+    assert redis_client.lrange(k.ready_for(0), 0, -1) == first
+    assert enqueue(s, k, second) == 5
+    assert redis_client.lrange(k.ready_for(0), 0, -1) == first + second
+
+
+def test_writes_only_the_target_list_and_the_wake_list(redis_client, s, k, namespace):
+    es = [entry(f"j{i}", prio=7) for i in range(4)]
+    assert enqueue(s, k, es, prio=7) == 4
+    assert ns_keys(redis_client, namespace) == {k.ready_for(7).encode(), k.wake.encode()}
+    assert redis_client.lrange(k.ready_for(7), 0, -1) == es
+    assert redis_client.lrange(k.wake, 0, -1) == [b"1"]
+
+
+def test_wake_list_never_holds_more_than_one_token(redis_client, s, k):
+    assert redis_client.llen(k.wake) == 0
+    enqueue(s, k, [entry("a")])
+    assert redis_client.lrange(k.wake, 0, -1) == [b"1"]
+    for i in range(5):
+        enqueue(s, k, [entry(f"b{i}"), entry(f"c{i}")])
+        assert redis_client.lrange(k.wake, 0, -1) == [b"1"]
+    # a worker took the token: the next enqueue leaves exactly one again
+    assert redis_client.lpop(k.wake) == b"1"
+    enqueue(s, k, [entry("d")])
+    assert redis_client.lrange(k.wake, 0, -1) == [b"1"]
+
+
+def test_a_full_chunk_of_1000_jobs_in_one_call(redis_client, s, k):
+    es = [entry(f"j{i}") for i in range(1000)]
+    assert enqueue(s, k, es) == 1000
+    assert redis_client.lrange(k.ready_for(0), 0, -1) == es
+    assert redis_client.llen(k.wake) == 1
+
+
+def test_normal_mode_does_not_deduplicate(redis_client, s, k):
+    e = entry("same")
+    assert enqueue(s, k, [e]) == 1
+    assert enqueue(s, k, [e]) == 2
+    assert redis_client.lrange(k.ready_for(0), 0, -1) == [e, e]
+
+
+def test_check_mode_writes_when_first_job_is_nowhere(redis_client, s, k):
+    es = [entry("x1"), entry("x2")]
+    assert enqueue(s, k, es, check=True) == 2
+    assert redis_client.lrange(k.ready_for(0), 0, -1) == es
+    assert redis_client.lrange(k.wake, 0, -1) == [b"1"]
+
+
+def test_check_mode_writes_when_other_jobs_are_queued(redis_client, s, k):
+    other = [entry("o1"), entry("o2")]
+    enqueue(s, k, other)
+    es = [entry("n1"), entry("n2")]
+    assert enqueue(s, k, es, check=True) == 4
+    assert redis_client.lrange(k.ready_for(0), 0, -1) == other + es
+
+
+def test_check_mode_returns_minus_one_when_first_job_is_already_queued(
+        redis_client, s, k, namespace):
+    es = [entry(f"j{i}", prio=3) for i in range(3)]
+    assert enqueue(s, k, es, prio=3) == 3
+    later = [entry("later", prio=3)]
+    enqueue(s, k, later, prio=3)
+    redis_client.delete(k.wake)  # an idle worker consumed the token
+
+    assert enqueue(s, k, es, prio=3, check=True) == -1
+    assert redis_client.lrange(k.ready_for(3), 0, -1) == es + later
+    # nothing at all was written: not even a wake token
+    assert ns_keys(redis_client, namespace) == {k.ready_for(3).encode()}
+
+
+def test_check_mode_returns_minus_one_when_first_job_is_running(redis_client, s, k, namespace):
+    es = [entry("run1"), entry("run2")]
+    # the earlier call landed and a worker already popped the first job
+    redis_client.hset(k.inflight, "run1", with_attempt(es[0], 1))
+    redis_client.rpush(k.ready_for(0), es[1])
+
+    assert enqueue(s, k, es, check=True) == -1
+    assert redis_client.lrange(k.ready_for(0), 0, -1) == [es[1]]
+    assert redis_client.hgetall(k.inflight) == {b"run1": with_attempt(es[0], 1)}
+    assert ns_keys(redis_client, namespace) == {k.ready_for(0).encode(), k.inflight.encode()}
+
+
+def test_check_mode_ignores_an_unrelated_inflight_job(redis_client, s, k):
+    redis_client.hset(k.inflight, "someone-else", with_attempt(entry("someone-else"), 1))
+    es = [entry("mine")]
+    assert enqueue(s, k, es, check=True) == 1
+    assert redis_client.lrange(k.ready_for(0), 0, -1) == es

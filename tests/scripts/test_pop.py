@@ -1,0 +1,422 @@
+"""pop.lua: promote due delayed jobs, reap expired leases, pop and reserve by priority."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import pytest
+import redis
+
+from batchq import codec
+from batchq.keys import QueueKeys
+from batchq.scripts import SyncScripts
+
+LEASE = 30_000
+
+
+def entry(jid: str, prio: int = 0, max_attempts: int = 3, attempt: int = 0,
+          task: str = "t", ms: int = 1_700_000_000_000) -> bytes:
+    e = (codec.header(prio, max_attempts) + jid.encode() + b":"
+         + codec.encode_body(task, [jid], {"k": 1}, ms))
+    return with_attempt(e, attempt) if attempt else e
+
+
+def with_attempt(e: bytes, attempt: int) -> bytes:
+    p, _, m, jid, body = e.split(b":", 4)
+    return b":".join((p, b"%d" % attempt, m, jid, body))
+
+
+def server_ms(r: redis.Redis) -> int:
+    sec, usec = r.time()
+    return int(sec) * 1000 + int(usec) // 1000
+
+
+def ns_keys(r: redis.Redis, namespace: str) -> set[bytes]:
+    return set(r.scan_iter(match=f"{namespace}:*", count=1000))
+
+
+@pytest.fixture
+def k(namespace: str, queue_name: str) -> QueueKeys:
+    return QueueKeys(namespace, queue_name)
+
+
+@pytest.fixture
+def s(redis_client: redis.Redis) -> SyncScripts:
+    return SyncScripts(redis_client)
+
+
+def pop(s: SyncScripts, k: QueueKeys, want: int, lease: int = LEASE,
+        chunk: int = 100) -> tuple[list[int], list[bytes]]:
+    res: list[Any] = s.pop(
+        [k.delayed, k.reserved, k.inflight, k.dead, k.dead_jobs, k.wake, k.paused, *k.ready],
+        [want, lease, chunk])
+    return [int(x) for x in res[:6]], list(res[6:])
+
+
+def reserve(r: redis.Redis, k: QueueKeys, e: bytes, deadline: int) -> bytes:
+    """State as left by an earlier pop: ``e`` (attempt counted) reserved until deadline."""
+    _, a, _, jid, _ = e.split(b":", 4)
+    member = jid + b":" + a
+    r.hset(k.inflight, jid, e)
+    r.zadd(k.reserved, {member: deadline})
+    return member
+
+
+# --- popping ---------------------------------------------------------------------------
+
+
+def test_priority_9_before_0_and_fifo_within_a_level(redis_client, s, k):
+    lo = [entry(f"lo{i}", prio=0) for i in range(3)]
+    mid = [entry(f"mid{i}", prio=5) for i in range(3)]
+    hi = [entry(f"hi{i}", prio=9) for i in range(3)]
+    redis_client.rpush(k.ready_for(0), *lo)
+    redis_client.rpush(k.ready_for(5), *mid)
+    redis_client.rpush(k.ready_for(9), *hi)
+
+    _, jobs = pop(s, k, 20)
+    assert jobs == [with_attempt(e, 1) for e in hi + mid + lo]
+    for key in k.ready:
+        assert redis_client.llen(key) == 0
+
+
+def test_count_limit_takes_from_the_highest_levels_first(redis_client, s, k):
+    hi = [entry(f"hi{i}", prio=9) for i in range(2)]
+    lo = [entry(f"lo{i}", prio=0) for i in range(4)]
+    redis_client.rpush(k.ready_for(9), *hi)
+    redis_client.rpush(k.ready_for(0), *lo)
+
+    _, jobs = pop(s, k, 3)
+    assert jobs == [with_attempt(e, 1) for e in [*hi, lo[0]]]
+    assert redis_client.llen(k.ready_for(9)) == 0
+    assert redis_client.lrange(k.ready_for(0), 0, -1) == lo[1:]
+    assert redis_client.zcard(k.reserved) == 3
+    assert redis_client.hlen(k.inflight) == 3
+
+
+def test_attempt_counted_in_entry_inflight_and_reserved_member(redis_client, s, k):
+    fresh = entry("fresh", max_attempts=5)
+    again = entry("again", max_attempts=5, attempt=2)
+    redis_client.rpush(k.ready_for(0), fresh, again)
+
+    before = server_ms(redis_client)
+    meta, jobs = pop(s, k, 10, lease=45_000)
+    after = server_ms(redis_client)
+    now = meta[0]
+    assert before <= now <= after
+
+    assert jobs == [with_attempt(fresh, 1), with_attempt(again, 3)]
+    assert redis_client.hgetall(k.inflight) == {
+        b"fresh": with_attempt(fresh, 1),
+        b"again": with_attempt(again, 3),
+    }
+    deadline = now + 45_000
+    assert dict(redis_client.zrange(k.reserved, 0, -1, withscores=True)) == {
+        b"fresh:1": float(deadline),
+        b"again:3": float(deadline),
+    }
+    assert before + 45_000 <= deadline <= after + 45_000
+    # the returned entries decode into the job that was enqueued, attempt included
+    job = codec.decode_entry(jobs[0], "q")
+    assert (job.id, job.attempt, job.max_attempts, job.task, job.args, job.kwargs) == (
+        "fresh", 1, 5, "t", ["fresh"], {"k": 1})
+    assert job.lease == b"fresh:1"
+
+
+def test_want_zero_is_maintenance_only(redis_client, s, k):
+    es = [entry("a"), entry("b")]
+    redis_client.rpush(k.ready_for(0), *es)
+    meta, jobs = pop(s, k, 0)
+    assert jobs == []
+    assert meta[1:] == [-1, -1, 0, 0, 0]
+    assert redis_client.lrange(k.ready_for(0), 0, -1) == es
+    assert redis_client.exists(k.reserved, k.inflight, k.wake) == 0
+
+
+def test_empty_queue_returns_meta_only_and_writes_nothing(redis_client, s, k, namespace):
+    before = server_ms(redis_client)
+    meta, jobs = pop(s, k, 10)
+    after = server_ms(redis_client)
+    assert jobs == []
+    assert before <= meta[0] <= after
+    assert meta[1:] == [-1, -1, 0, 0, 0]
+    assert ns_keys(redis_client, namespace) == set()
+
+
+# --- wake token ------------------------------------------------------------------------
+
+
+def test_full_batch_leaves_one_wake_token(redis_client, s, k):
+    es = [entry(f"j{i}") for i in range(8)]
+    redis_client.rpush(k.ready_for(0), *es)
+    _, jobs = pop(s, k, 5)
+    assert len(jobs) == 5
+    assert redis_client.lrange(k.wake, 0, -1) == [b"1"]
+    # another full batch with a token already there: still exactly one
+    _, jobs = pop(s, k, 3)
+    assert len(jobs) == 3
+    assert redis_client.lrange(k.wake, 0, -1) == [b"1"]
+
+
+def test_partial_batch_leaves_no_wake_token(redis_client, s, k):
+    redis_client.rpush(k.ready_for(0), *[entry(f"j{i}") for i in range(3)])
+    _, jobs = pop(s, k, 10)
+    assert len(jobs) == 3
+    assert redis_client.exists(k.wake) == 0
+
+
+# --- promotion of delayed jobs -----------------------------------------------------------
+
+
+def test_promotes_only_due_jobs_to_the_tail_of_their_level(redis_client, s, k):
+    now = server_ms(redis_client)
+    waiting = entry("waiting", prio=7)
+    due_hi = entry("due-hi", prio=7)
+    due_lo = entry("due-lo", prio=2)
+    later = entry("later", prio=7)
+    redis_client.rpush(k.ready_for(7), waiting)
+    redis_client.zadd(k.delayed, {due_hi: now - 2000, due_lo: now - 1000,
+                                  later: now + 600_000})
+
+    meta, jobs = pop(s, k, 0)
+    assert jobs == []
+    assert meta[3:] == [1 + 1, 0, 0]
+    assert meta[1] == now + 600_000  # next_due: the job still waiting
+    assert redis_client.lrange(k.ready_for(7), 0, -1) == [waiting, due_hi]
+    assert redis_client.lrange(k.ready_for(2), 0, -1) == [due_lo]
+    assert dict(redis_client.zrange(k.delayed, 0, -1, withscores=True)) == {
+        later: float(now + 600_000)}
+    assert redis_client.lrange(k.wake, 0, -1) == [b"1"]
+
+
+def test_promoted_jobs_are_popped_in_the_same_call(redis_client, s, k):
+    now = server_ms(redis_client)
+    d = entry("d", prio=3)
+    redis_client.zadd(k.delayed, {d: now - 1})
+    meta, jobs = pop(s, k, 10)
+    assert meta[3] == 1
+    assert jobs == [with_attempt(d, 1)]
+    assert redis_client.exists(k.delayed) == 0
+    assert redis_client.zrange(k.reserved, 0, -1) == [b"d:1"]
+
+
+def test_promotion_moves_at_most_chunk_jobs_per_call_earliest_first(redis_client, s, k):
+    now = server_ms(redis_client)
+    es = [entry(f"d{i:03d}") for i in range(250)]
+    redis_client.zadd(k.delayed, {e: now - 100_000 + i for i, e in enumerate(es)})
+
+    meta, _ = pop(s, k, 0, chunk=100)
+    assert meta[3] == 100
+    assert redis_client.lrange(k.ready_for(0), 0, -1) == es[:100]
+    assert redis_client.zcard(k.delayed) == 150
+    assert meta[1] == now - 100_000 + 100  # next_due: the earliest left
+
+    meta, _ = pop(s, k, 0, chunk=100)
+    assert meta[3] == 100
+    meta, _ = pop(s, k, 0, chunk=100)
+    assert meta[3] == 50
+    assert meta[1] == -1
+    assert redis_client.lrange(k.ready_for(0), 0, -1) == es
+    assert redis_client.exists(k.delayed) == 0
+
+
+# --- the reaper --------------------------------------------------------------------------
+
+
+def test_reaper_returns_expired_lease_to_the_head_with_attempt_kept(redis_client, s, k):
+    queued = entry("queued", prio=4)
+    redis_client.rpush(k.ready_for(4), queued)
+    job = entry("expired", prio=4, max_attempts=3)
+    redis_client.rpush(k.ready_for(4), job)
+    # a real pop reserves the job... (the queued one is popped too; put it back)
+    _, jobs = pop(s, k, 2)
+    assert jobs == [with_attempt(queued, 1), with_attempt(job, 1)]
+    redis_client.zrem(k.reserved, b"queued:1")
+    redis_client.hdel(k.inflight, "queued")
+    redis_client.rpush(k.ready_for(4), queued)
+    # ...and its worker dies: the deadline passes
+    redis_client.zadd(k.reserved, {b"expired:1": 1}, xx=True)
+    redis_client.delete(k.wake)
+
+    meta, jobs = pop(s, k, 0)
+    assert jobs == []
+    assert meta[3:] == [0, 1, 0]
+    assert meta[2] == -1
+    assert redis_client.lrange(k.ready_for(4), 0, -1) == [with_attempt(job, 1), queued]
+    assert redis_client.exists(k.reserved, k.inflight, k.dead, k.dead_jobs) == 0
+    assert redis_client.lrange(k.wake, 0, -1) == [b"1"]
+
+
+def test_reaped_job_is_popped_again_with_the_next_attempt(redis_client, s, k):
+    job = entry("again", max_attempts=3)
+    reserve(redis_client, k, with_attempt(job, 1), deadline=1)
+    redis_client.rpush(k.ready_for(0), entry("behind"))
+
+    meta, jobs = pop(s, k, 1)
+    assert meta[4] == 1
+    assert jobs == [with_attempt(job, 2)]
+    assert redis_client.zrange(k.reserved, 0, -1) == [b"again:2"]
+    assert redis_client.hgetall(k.inflight) == {b"again": with_attempt(job, 2)}
+    assert redis_client.lrange(k.ready_for(0), 0, -1) == [entry("behind")]
+
+
+def test_reaper_dead_letters_when_attempts_are_used_up(redis_client, s, k):
+    raw = entry("poison", prio=6, max_attempts=2, attempt=2)
+    reserve(redis_client, k, raw, deadline=5)
+    keep = with_attempt(entry("alive", max_attempts=2), 2)
+    keep_member = reserve(redis_client, k, keep, deadline=server_ms(redis_client) + 600_000)
+
+    before = server_ms(redis_client)
+    meta, jobs = pop(s, k, 0)
+    after = server_ms(redis_client)
+    assert jobs == []
+    assert meta[3:] == [0, 0, 1]
+    assert meta[2] > after  # next_deadline: the live lease
+    assert redis_client.zrange(k.reserved, 0, -1) == [keep_member]
+    assert redis_client.hgetall(k.inflight) == {b"alive": keep}
+    for key in k.ready:
+        assert redis_client.llen(key) == 0
+
+    died = redis_client.zrange(k.dead, 0, -1, withscores=True)
+    assert [m for m, _ in died] == [b"poison"]
+    assert before <= died[0][1] <= after
+    data = redis_client.hget(k.dead_jobs, "poison")
+    rec = codec.decode_dead_record(data)
+    assert rec["id"] == "poison"
+    assert rec["reason"] == "lease_expired"
+    assert rec["raw"] == raw
+    assert isinstance(rec["raw"], bytes)
+    assert "attempt 2" in rec["error_message"]
+    assert set(rec) == {"id", "reason", "error_message", "raw"}
+
+
+def test_reaper_dead_record_keeps_large_raw_bytes_intact(redis_client, s, k):
+    # bodies above 255 and 65535 bytes exercise the bin16 / bin32 writers
+    for n, size in enumerate((300, 70_000)):
+        jid = f"big{n}"
+        raw = (codec.header(0, 1) + jid.encode() + b":"
+               + codec.encode_body("t", ["x" * size], {}, 1))
+        raw = with_attempt(raw, 1)
+        reserve(redis_client, k, raw, deadline=1)
+        meta, _ = pop(s, k, 0)
+        assert meta[5] == 1
+        rec = codec.decode_dead_record(redis_client.hget(k.dead_jobs, jid))
+        assert rec["raw"] == raw
+        assert rec["id"] == jid
+
+
+def test_reaper_drops_a_reservation_without_inflight_entry(redis_client, s, k, namespace):
+    redis_client.zadd(k.reserved, {b"ghost:1": 1})
+    meta, jobs = pop(s, k, 5)
+    assert jobs == []
+    assert meta[3:] == [0, 0, 0]
+    assert ns_keys(redis_client, namespace) == set()
+
+
+def test_reaper_handles_at_most_chunk_leases_per_call(redis_client, s, k):
+    members = [reserve(redis_client, k, entry(f"r{i:03d}", attempt=1), deadline=1000 + i)
+               for i in range(150)]
+    meta, _ = pop(s, k, 0, chunk=100)
+    assert meta[4] == 100
+    assert redis_client.zrange(k.reserved, 0, -1) == members[100:]
+    assert redis_client.llen(k.ready_for(0)) == 100
+    assert redis_client.hlen(k.inflight) == 50
+    assert meta[2] == 1100  # next_deadline: earliest left
+    meta, _ = pop(s, k, 0, chunk=100)
+    assert meta[4] == 50
+    assert redis_client.exists(k.reserved, k.inflight) == 0
+    assert redis_client.llen(k.ready_for(0)) == 150
+
+
+def test_live_leases_are_not_reaped(redis_client, s, k):
+    now = server_ms(redis_client)
+    e = entry("live", attempt=1)
+    m = reserve(redis_client, k, e, deadline=now + 60_000)
+    meta, _ = pop(s, k, 0)
+    assert meta[3:] == [0, 0, 0]
+    assert meta[2] == now + 60_000
+    assert redis_client.zrange(k.reserved, 0, -1) == [m]
+    assert redis_client.hgetall(k.inflight) == {b"live": e}
+
+
+# --- paused queue --------------------------------------------------------------------------
+
+
+def test_paused_queue_promotes_and_reaps_but_pops_nothing(redis_client, s, k):
+    now = server_ms(redis_client)
+    redis_client.set(k.paused, "1")
+    ready = entry("ready")
+    due = entry("due")
+    reaped = entry("reaped", attempt=1)
+    redis_client.rpush(k.ready_for(0), ready)
+    redis_client.zadd(k.delayed, {due: now - 1})
+    reserve(redis_client, k, reaped, deadline=1)
+
+    meta, jobs = pop(s, k, 10)
+    assert jobs == []
+    assert meta[1:] == [-1, -1, 1, 1, 0]
+    assert redis_client.lrange(k.ready_for(0), 0, -1) == [reaped, ready, due]
+    assert redis_client.exists(k.reserved, k.inflight, k.delayed) == 0
+    assert redis_client.get(k.paused) == b"1"
+
+    redis_client.delete(k.paused)
+    _, jobs = pop(s, k, 10)
+    assert jobs == [with_attempt(reaped, 2), with_attempt(ready, 1), with_attempt(due, 1)]
+
+
+# --- malformed entries -----------------------------------------------------------------------
+
+
+def test_malformed_entry_is_dead_lettered_as_decode_error(redis_client, s, k):
+    good1, good2 = entry("g1"), entry("g2")
+    redis_client.rpush(k.ready_for(0), good1, b"garbage", good2)
+
+    before = server_ms(redis_client)
+    meta, jobs = pop(s, k, 10)
+    after = server_ms(redis_client)
+    assert jobs == [with_attempt(good1, 1), with_attempt(good2, 1)]
+    assert meta[5] == 1
+    assert redis_client.llen(k.ready_for(0)) == 0
+    assert redis_client.zrange(k.reserved, 0, -1) == [b"g1:1", b"g2:1"]
+
+    died = redis_client.zrange(k.dead, 0, -1, withscores=True)
+    assert len(died) == 1
+    dead_id = died[0][0].decode()
+    assert dead_id.startswith("raw-")
+    assert dead_id == "raw-" + hashlib.sha1(b"garbage").hexdigest()[:20]
+    assert before <= died[0][1] <= after
+    rec = codec.decode_dead_record(redis_client.hget(k.dead_jobs, dead_id))
+    assert rec["id"] == dead_id
+    assert rec["reason"] == "decode_error"
+    assert rec["raw"] == b"garbage"
+    assert set(redis_client.hkeys(k.inflight)) == {b"g1", b"g2"}
+
+
+@pytest.mark.parametrize("bad", [b"x:0:3:id:body", b"12:0:3:id:body", b"0:0:3::body",
+                                 b"0:0:3:id"])
+def test_bad_headers_are_dead_lettered(redis_client, s, k, bad):
+    redis_client.rpush(k.ready_for(0), bad)
+    meta, jobs = pop(s, k, 1)
+    assert jobs == []
+    assert meta[5] == 1
+    assert redis_client.exists(k.reserved, k.inflight) == 0
+    (dead_id,) = redis_client.zrange(k.dead, 0, -1)
+    rec = codec.decode_dead_record(redis_client.hget(k.dead_jobs, dead_id))
+    assert (rec["reason"], rec["raw"]) == ("decode_error", bad)
+
+
+# --- meta ------------------------------------------------------------------------------------
+
+
+def test_meta_reports_next_due_and_next_deadline(redis_client, s, k):
+    now = server_ms(redis_client)
+    redis_client.zadd(k.delayed, {entry("d1"): now + 50_000, entry("d2"): now + 20_000})
+    redis_client.rpush(k.ready_for(0), entry("r"))
+    before = server_ms(redis_client)
+    meta, jobs = pop(s, k, 1, lease=7_000)
+    after = server_ms(redis_client)
+    assert len(jobs) == 1
+    assert before <= meta[0] <= after
+    assert meta[1] == now + 20_000
+    assert meta[2] == meta[0] + 7_000
+    assert meta[3:] == [0, 0, 0]

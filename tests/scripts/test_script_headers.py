@@ -1,0 +1,393 @@
+"""Static checks of the Lua scripts: documented headers, keys only from KEYS, they load.
+
+The key check is a small Lua lexer plus a data-flow heuristic: the key argument of every
+``redis.call`` must be ``KEYS[...]``, a local bound to ``KEYS[...]``, a call of a local
+function that returns ``KEYS[...]``, or a parameter of the enclosing function whose every
+call site passes one of those. Anything else (``'ns:' .. ARGV[1]``, a string literal, a
+concatenation) is a key built inside the script, which breaks Redis Cluster routing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import pytest
+import redis
+
+from batchq import scripts
+
+SCRIPT_DIR = Path(str(resources.files("batchq.scripts")))
+SCRIPT_FILES = sorted(p for p in SCRIPT_DIR.glob("*.lua") if p.name != "_lib.lua")
+KEYLESS_COMMANDS = {"time", "echo", "ping"}
+
+
+# --- a small Lua lexer ---------------------------------------------------------------------
+
+KEYWORDS = {
+    "and", "break", "do", "else", "elseif", "end", "false", "for", "function", "if", "in",
+    "local", "nil", "not", "or", "repeat", "return", "then", "true", "until", "while",
+}
+
+
+@dataclass(frozen=True)
+class Tok:
+    kind: str  # name, kw, str, num, op
+    text: str
+    pos: int
+
+
+_LONG_OPEN = re.compile(r"\[(=*)\[")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_NUM = re.compile(r"0[xX][0-9a-fA-F]+|\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+")
+_OPS = ("...", "..", "==", "~=", "<=", ">=", "::")
+
+
+def lex(src: str) -> list[Tok]:
+    out: list[Tok] = []
+    i, n = 0, len(src)
+    while i < n:
+        c = src[i]
+        if c.isspace():
+            i += 1
+            continue
+        if src.startswith("--", i):
+            m = _LONG_OPEN.match(src, i + 2)
+            if m:
+                close = "]" + m.group(1) + "]"
+                end = src.find(close, m.end())
+                i = n if end < 0 else end + len(close)
+            else:
+                end = src.find("\n", i)
+                i = n if end < 0 else end + 1
+            continue
+        if c in "'\"":
+            j = i + 1
+            while j < n and src[j] != c:
+                j += 2 if src[j] == "\\" else 1
+            out.append(Tok("str", src[i + 1 : j], i))
+            i = j + 1
+            continue
+        m = _LONG_OPEN.match(src, i)
+        if m:
+            close = "]" + m.group(1) + "]"
+            end = src.find(close, m.end())
+            out.append(Tok("str", src[m.end() : end], i))
+            i = end + len(close)
+            continue
+        m = _NAME.match(src, i)
+        if m:
+            word = m.group(0)
+            out.append(Tok("kw" if word in KEYWORDS else "name", word, i))
+            i = m.end()
+            continue
+        m = _NUM.match(src, i)
+        if m:
+            out.append(Tok("num", m.group(0), i))
+            i = m.end()
+            continue
+        for op in _OPS:
+            if src.startswith(op, i):
+                out.append(Tok("op", op, i))
+                i += len(op)
+                break
+        else:
+            out.append(Tok("op", c, i))
+            i += 1
+    return out
+
+
+def split_args(toks: list[Tok], open_idx: int) -> tuple[list[list[Tok]], int]:
+    """The comma-separated arguments of the call whose '(' is at ``open_idx``."""
+    args: list[list[Tok]] = [[]]
+    depth = 0
+    i = open_idx
+    while True:
+        t = toks[i]
+        if t.text in "([{" and t.kind == "op":
+            depth += 1
+            if depth > 1:
+                args[-1].append(t)
+        elif t.text in ")]}" and t.kind == "op":
+            depth -= 1
+            if depth == 0:
+                return ([] if args == [[]] else args), i
+            args[-1].append(t)
+        elif t.text == "," and t.kind == "op" and depth == 1:
+            args.append([])
+        else:
+            args[-1].append(t)
+        i += 1
+
+
+# --- the analysis --------------------------------------------------------------------------
+
+
+@dataclass
+class Func:
+    name: str | None
+    params: list[str]
+    returns: list[list[Tok]] = field(default_factory=list)
+
+
+@dataclass
+class KeyUse:
+    where: str  # a description for failure messages
+    expr: list[Tok]
+    func: Func | None  # innermost enclosing function
+
+
+@dataclass
+class Analysis:
+    funcs: dict[str, Func] = field(default_factory=dict)
+    key_locals: set[str] = field(default_factory=set)
+    key_uses: list[KeyUse] = field(default_factory=list)
+    calls: list[tuple[str, list[list[Tok]], Func | None, int]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def text(expr: list[Tok]) -> str:
+    return " ".join(t.text for t in expr)
+
+
+def analyse(src: str) -> Analysis:
+    toks = lex(src)
+    a = Analysis()
+    # block stack: entries are a Func (function block) or None (other blocks)
+    stack: list[Func | None] = []
+    pending_do = 0  # 'for'/'while' open a block closed by 'end'; their 'do' must not count
+    i = 0
+    while i < len(toks):
+        t = toks[i]
+        if t.kind == "kw" and t.text == "function":
+            j = i + 1
+            name = None
+            if toks[j].kind == "name":
+                name = toks[j].text
+                j += 1
+                while toks[j].text in (".", ":"):
+                    name += toks[j].text + toks[j + 1].text
+                    j += 2
+            params, close = split_args(toks, j)
+            f = Func(name, [p[0].text for p in params if p])
+            if name:
+                a.funcs[name] = f
+            stack.append(f)
+            i = close + 1
+            continue
+        if t.kind == "kw" and t.text in ("for", "while"):
+            pending_do += 1
+            stack.append(None)
+        elif t.kind == "kw" and t.text == "do":
+            if pending_do:
+                pending_do -= 1
+            else:
+                stack.append(None)
+        elif t.kind == "kw" and t.text in ("if", "repeat"):
+            stack.append(None)
+        elif t.kind == "kw" and t.text in ("end", "until"):
+            stack.pop()
+        elif t.kind == "kw" and t.text == "return":
+            fn = next((f for f in reversed(stack) if f is not None), None)
+            expr: list[Tok] = []
+            j = i + 1
+            depth = 0
+            while j < len(toks):
+                u = toks[j]
+                if u.kind == "op" and u.text in "([{":
+                    depth += 1
+                elif u.kind == "op" and u.text in ")]}":
+                    depth -= 1
+                if depth == 0 and u.kind == "kw" and u.text in (
+                        "end", "else", "elseif", "local", "if", "for", "while", "until"):
+                    break
+                expr.append(u)
+                j += 1
+            if fn is not None:
+                fn.returns.append(expr)
+        elif (t.kind == "kw" and t.text == "local" and toks[i + 1].kind == "name"
+              and toks[i + 2].text == "=" and toks[i + 3].text == "KEYS"):
+            _, close = split_args(toks, i + 4)
+            follow = toks[close + 1] if close + 1 < len(toks) else None
+            if follow is None or follow.text not in ("..", ".", ":", "(", "[", ","):
+                a.key_locals.add(toks[i + 1].text)
+        elif (t.kind == "name" and t.text == "redis" and toks[i + 1].text == "."
+              and toks[i + 2].text in ("call", "pcall")):
+            args, close = split_args(toks, i + 3)
+            fn = next((f for f in reversed(stack) if f is not None), None)
+            where = f"redis.call({text(args[0]) if args else ''}, ...) at {t.pos}"
+            if not args or len(args[0]) != 1 or args[0][0].kind != "str":
+                a.errors.append(f"{where}: the command is not a string literal")
+            elif args[0][0].text.lower() not in KEYLESS_COMMANDS:
+                if len(args) < 2:
+                    a.errors.append(f"{where}: no key argument")
+                else:
+                    a.key_uses.append(KeyUse(where, args[1], fn))
+            i = close + 1
+            continue
+        elif (t.kind == "name" and i + 1 < len(toks) and toks[i + 1].text == "("
+              and (i == 0 or toks[i - 1].text not in ("function", ".", ":"))):
+            args, _ = split_args(toks, i + 1)
+            fn = next((f for f in reversed(stack) if f is not None), None)
+            a.calls.append((t.text, args, fn, t.pos))
+        i += 1
+    assert not stack, "unbalanced blocks: the lexer or the block tracker is wrong"
+    return a
+
+
+def is_keys_index(expr: list[Tok]) -> bool:
+    if len(expr) < 4 or expr[0].text != "KEYS" or expr[1].text != "[" or expr[-1].text != "]":
+        return False
+    inner = expr[2:-1]
+    return bool(inner) and all(t.kind != "str" and t.text != ".." for t in inner)
+
+
+def key_violations(src: str) -> list[str]:
+    """Every key argument that is not provably taken from KEYS."""
+    a = analyse(src)
+    problems = list(a.errors)
+    checked: set[tuple[str, int]] = set()
+
+    def safe(expr: list[Tok], fn: Func | None, where: str, seen: frozenset[str]) -> bool:
+        if is_keys_index(expr):
+            return True
+        if len(expr) == 1 and expr[0].kind == "name":
+            name = expr[0].text
+            if name in a.key_locals:
+                return True
+            if fn is not None and fn.name and name in fn.params:
+                # a parameter: safe if every caller passes a key there
+                idx = fn.params.index(name)
+                if (fn.name, idx) not in checked:
+                    checked.add((fn.name, idx))
+                    sites = [c for c in a.calls if c[0] == fn.name]
+                    for _, args, caller, pos in sites:
+                        arg = args[idx] if idx < len(args) else []
+                        if not safe(arg, caller, f"{fn.name}(...) at {pos}", seen):
+                            problems.append(
+                                f"{fn.name}(...) at {pos}: argument {idx + 1} "
+                                f"({text(arg)!r}) is used as a key but not taken from KEYS")
+                return True  # the call sites are reported on their own
+            return False
+        if (len(expr) >= 3 and expr[0].kind == "name" and expr[1].text == "("
+                and expr[-1].text == ")" and expr[0].text in a.funcs
+                and expr[0].text not in seen):
+            f = a.funcs[expr[0].text]
+            return bool(f.returns) and all(
+                safe(r, f, where, seen | {f.name or ""}) for r in f.returns)
+        return False
+
+    for use in a.key_uses:
+        if not safe(use.expr, use.func, use.where, frozenset()):
+            problems.append(f"{use.where}: key argument {text(use.expr)!r} is not from KEYS")
+    return problems
+
+
+# --- the checker catches what it should ----------------------------------------------------
+
+
+@pytest.mark.parametrize("lua", [
+    "redis.call('GET', 'ns:' .. ARGV[1])",
+    "redis.call('DEL', KEYS[1] .. ':x')",
+    "redis.call('DEL', ARGV[1])",
+    "local k = KEYS[1] .. ':x'\nredis.call('DEL', k)",
+    "local function f(key)\n  redis.call('DEL', key)\nend\nf(KEYS[1])\nf('x' .. ARGV[1])",
+    "local function k(p)\n  return 'q:' .. p\nend\nredis.call('LPUSH', k(1), 'v')",
+    "local c = 'DEL'\nredis.call(c, KEYS[1])",
+    "for i = 1, 3 do\n  redis.call('DEL', KEYS[1] .. i)\nend",
+])
+def test_checker_flags_keys_built_in_the_script(lua):
+    assert key_violations(lua), lua
+
+
+@pytest.mark.parametrize("lua", [
+    "redis.call('DEL', KEYS[1])",
+    "redis.call('TIME')",
+    "local k = KEYS[2]\nif true then redis.call('DEL', k) end",
+    "local function f(key)\n  redis.call('DEL', key)\nend\nf(KEYS[1])\nf(KEYS[2])",
+    "local function rk(p)\n  return KEYS[8 + 9 - p]\nend\nredis.call('RPUSH', rk(3), 'x')",
+    "for k = 8, 17 do\n  redis.call('LPOP', KEYS[k], 2)\nend",
+    "-- redis.call('DEL', 'x' .. y) in a comment\nlocal s = \"redis.call('GET', 'k')\"",
+])
+def test_checker_accepts_keys_from_keys(lua):
+    assert key_violations(lua) == []
+
+
+# --- the real scripts ----------------------------------------------------------------------
+
+
+def test_every_script_file_is_a_known_script():
+    assert sorted(p.stem for p in SCRIPT_FILES) == sorted(scripts.NAMES)
+
+
+def header_of(path: Path) -> str:
+    lines = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("--"):
+            break
+        lines.append(line[2:])
+    return "\n".join(lines)
+
+
+def body_of(path: Path) -> str:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    while lines and lines[0].startswith("--"):
+        lines.pop(0)
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("path", SCRIPT_FILES, ids=lambda p: p.name)
+def test_header_documents_keys_argv_and_return(path):
+    header = header_of(path)
+    assert header.lstrip().startswith(f"{path.name}:"), "header must start with the file name"
+    assert re.search(r"\bKEYS\[\d+\]", header), "KEYS not documented"
+    assert re.search(r"\bARGV\b", header), "ARGV not documented"
+    assert re.search(r"\bReturns\b", header), "return value not documented"
+
+    documented: set[int] = set()
+    for lo, hi in re.findall(r"\bKEYS\[(\d+)(?:\.\.(\d+))?\]", header):
+        documented.update(range(int(lo), int(hi or lo) + 1))
+    assert documented == set(range(1, max(documented) + 1)), "KEYS documentation has gaps"
+
+    body = body_of(path)
+    used = {int(n) for n in re.findall(r"\bKEYS\[(\d+)\]", body)}
+    assert used, "the script takes no key from KEYS"
+    assert used <= documented, f"KEYS{sorted(used - documented)} used but not documented"
+
+    argv_single = {int(n) for n in re.findall(r"\bARGV\[(\d+)\]", header)}
+    argv_open = [int(n) for n in re.findall(r"\bARGV\[(\d+)\.\.", header)]
+    argv_bare = re.search(r"\bARGV(?!\[)", header) is not None
+    for n in {int(n) for n in re.findall(r"\bARGV\[(\d+)\]", body)}:
+        assert argv_bare or n in argv_single or any(n >= lo for lo in argv_open), (
+            f"ARGV[{n}] used but not documented")
+
+
+@pytest.mark.parametrize("name", scripts.NAMES)
+def test_script_takes_every_key_from_keys(name):
+    assert key_violations(scripts.source(name)) == []
+
+
+def test_library_helpers_take_keys_as_parameters():
+    lib = (SCRIPT_DIR / "_lib.lua").read_text(encoding="utf-8")
+    a = analyse(lib)
+    # the helpers touch keys only through their parameters, never KEYS or literals
+    for use in a.key_uses:
+        assert len(use.expr) == 1 and use.func is not None, use.where
+        assert use.expr[0].text in use.func.params, use.where
+
+
+@pytest.mark.parametrize("name", scripts.NAMES)
+def test_script_loads_on_the_server(redis_client: redis.Redis, name):
+    src = scripts.source(name)
+    sha = redis_client.script_load(src)
+    assert sha == hashlib.sha1(src.encode()).hexdigest()
+    assert redis_client.script_exists(sha) == [True]
+
+
+def test_library_alone_compiles(redis_client: redis.Redis):
+    lib = (SCRIPT_DIR / "_lib.lua").read_text(encoding="utf-8")
+    sha = redis_client.script_load(lib)
+    assert redis_client.script_exists(sha) == [True]
