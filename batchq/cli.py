@@ -8,10 +8,13 @@ import the app, 4 cannot reach Redis.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -112,6 +115,13 @@ def _worker_parser(sub: Any) -> None:
          help="kill a worker process whose event loop has not turned for this long (-p)")
     _opt(w, "--burst", env="BURST", default=False, kind=_bool,
          help="exit 0 once the queues have nothing ready, delayed or reserved")
+    _opt(w, "--metrics-port", env="METRICS_PORT", default=None, kind=int,
+         help="serve /metrics, /healthz, /readyz on this port (with -p: default 9808; "
+         "without -p: only when given; 0 disables)")
+    _opt(w, "--metrics-addr", env="METRICS_ADDR", default="127.0.0.1",
+         help="address of the metrics server (0.0.0.0 in a container)")
+    _opt(w, "--no-metrics", env="NO_METRICS", default=False, kind=_bool,
+         help="do not count jobs for Prometheus at all")
     add_redis_url(w)
     _opt(w, "--log-level", env="LOG_LEVEL", default="INFO", help="log level")
     _opt(w, "--log-format", env="LOG_FORMAT", default="plain", help="plain or json")
@@ -145,6 +155,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"batchq: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    metrics_dir = _prepare_metrics_dir() if args.processes and not args.no_metrics else None
     before = set(sys.modules)
     try:
         app = load_app(args.app)
@@ -164,6 +175,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             burst=args.burst,
             shutdown_timeout_s=args.shutdown_timeout,
             max_jobs=args.max_jobs_per_child,
+            metrics=not args.no_metrics,
         )
         for q in queues:
             app.keys(q)
@@ -177,6 +189,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not health.ok:
         log.warning("%s", health.reason)
     if not args.processes:
+        if args.metrics_port and not args.no_metrics:
+            from .metrics import serve_in_thread
+
+            serve_in_thread(app, args.metrics_addr, args.metrics_port)
         try:
             return run_worker(app, settings)
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
@@ -192,10 +208,42 @@ def cmd_worker(args: argparse.Namespace) -> int:
         lambda: load_app(args.app),
         app_modules,
         SupervisorSettings(processes=args.processes, heartbeat_timeout_s=args.heartbeat_timeout,
-                           log_level=args.log_level, log_format=args.log_format),
+                           log_level=args.log_level, log_format=args.log_format,
+                           metrics_dir=metrics_dir, metrics_addr=args.metrics_addr,
+                           metrics_port=9808 if args.metrics_port is None else args.metrics_port),
         settings,
     )
-    return sup.run()
+    try:
+        return sup.run()
+    finally:
+        if metrics_dir and not os.environ.get("BATCHQ_KEEP_METRICS_DIR"):
+            _clean_metrics_dir(metrics_dir, remove=metrics_dir.startswith(_TEMP_PREFIX))
+
+
+_TEMP_PREFIX = os.path.join(tempfile.gettempdir(), "batchq-metrics-")
+
+
+def _prepare_metrics_dir() -> str:
+    """prometheus_client's multiprocess directory, set before anything imports the
+    library: ``$PROMETHEUS_MULTIPROC_DIR`` wiped, or a fresh temporary one."""
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if path:
+        os.makedirs(path, exist_ok=True)
+        _clean_metrics_dir(path, remove=False)
+    else:
+        path = tempfile.mkdtemp(prefix=os.path.basename(_TEMP_PREFIX))
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+    return path
+
+
+def _clean_metrics_dir(path: str, *, remove: bool) -> None:
+    if remove:
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    for name in os.listdir(path):
+        if name.endswith(".db") or name.endswith(".json"):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(path, name))
 
 
 def cmd_server(args: argparse.Namespace) -> int:

@@ -1,7 +1,8 @@
 """The job envelope and its bytes; the only module that imports msgpack.
 
 An encoded job ("entry") is ``<priority>:<attempt>:<max_attempts>:<id>:<body>`` where
-``body`` is msgpack ``[task, args, kwargs, enqueued_at_ms]``. The short text header lets
+``body`` is msgpack ``[task, args, kwargs, enqueued_at_ms]``, plus ``due_ms`` (the
+producer's estimate of the due time) for delayed jobs. The short text header lets
 the Lua scripts reserve, count attempts and route by priority without decoding msgpack;
 the body is opaque to Redis. No pickle, ever: a value msgpack cannot encode is a
 ``TypeError`` at enqueue time.
@@ -50,6 +51,7 @@ class Job:
         "priority",
         "queue",
         "raw",
+        "ready_ms",
         "task",
     )
 
@@ -80,6 +82,8 @@ class Job:
         self.raw = raw
         # the reservation this run holds, "<id>:<attempt>", as the scripts name it
         self.lease = lease or b"%s:%d" % (id.encode(), attempt)
+        # when the job became runnable (enqueue time, or its due time if delayed)
+        self.ready_ms = enqueued_ms
 
     def __repr__(self) -> str:
         return (
@@ -121,11 +125,14 @@ def header(priority: int, max_attempts: int) -> bytes:
 
 
 def encode_body(
-    task: str, args: Sequence[Any], kwargs: Mapping[str, Any], enqueued_ms: int
+    task: str, args: Sequence[Any], kwargs: Mapping[str, Any], enqueued_ms: int,
+    due_ms: int | None = None,
 ) -> bytes:
     """msgpack of the job body; raises ``TypeError`` naming the argument that failed."""
     try:
-        body: bytes = msgpack.packb((task, args, kwargs, enqueued_ms))
+        fields = (task, args, kwargs, enqueued_ms) if due_ms is None else \
+            (task, args, kwargs, enqueued_ms, due_ms)
+        body: bytes = msgpack.packb(fields)
         return body
     except (TypeError, ValueError, OverflowError) as exc:
         raise _explain(task, args, kwargs, exc) from None
@@ -175,13 +182,15 @@ def decode_entry(raw: bytes, queue: str) -> Job:
     except (ValueError, UnicodeDecodeError) as exc:
         raise DecodeError(f"malformed job header: {exc}") from None
     try:
-        task, args, kwargs, enqueued_ms = msgpack.unpackb(body)
+        fields = msgpack.unpackb(body)
+        task, args, kwargs, enqueued_ms = fields[:4]
     except Exception as exc:
         raise DecodeError(
             f"cannot decode job {job.id} body: {type(exc).__name__}: {exc}") from None
     if not isinstance(task, str) or not isinstance(args, list) or not isinstance(kwargs, dict):
         raise DecodeError(f"job {job.id} body is not [task, args, kwargs, enqueued_at]")
     job.task, job.args, job.kwargs, job.enqueued_ms = task, args, kwargs, enqueued_ms
+    job.ready_ms = fields[4] if len(fields) > 4 else enqueued_ms
     return job
 
 

@@ -15,6 +15,7 @@ Layout of one queue ``Q`` in namespace ``NS`` (``T`` = ``NS:{NS:Q}``)::
     T:dead:jobs              hash  id -> msgpack dead record (reason, error, raw job bytes)
     T:wake                   list  at most one token; idle workers BLPOP it
     T:paused                 string present while the queue is paused
+    T:stats                  hash  counters kept by the scripts (enqueued)
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class QueueKeys:
     dead_jobs: str = field(init=False)
     wake: str = field(init=False)
     paused: str = field(init=False)
+    stats: str = field(init=False)
 
     def __post_init__(self) -> None:
         if not self.queue or any(c in self.queue for c in "{}: \t\r\n"):
@@ -70,7 +72,7 @@ class QueueKeys:
         object.__setattr__(
             self, "ready", tuple(f"{p}:ready:{i}" for i in range(MAX_PRIORITY, -1, -1))
         )
-        for name in ("delayed", "reserved", "inflight", "dead", "wake", "paused"):
+        for name in ("delayed", "reserved", "inflight", "dead", "wake", "paused", "stats"):
             object.__setattr__(self, name, f"{p}:{name}")
         object.__setattr__(self, "dead_jobs", f"{p}:dead:jobs")
 
@@ -89,4 +91,5 @@ class QueueKeys:
             self.dead_jobs,
             self.wake,
             self.paused,
+            self.stats,
         )

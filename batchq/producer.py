@@ -106,7 +106,10 @@ class _Plan:
 
     def entry(self, args: Any, kwargs: Mapping[str, Any], now_ms: int) -> tuple[str, bytes]:
         jid = codec.new_id()
-        body = codec.encode_body(self.task, args, kwargs, now_ms)
+        due_ms = None
+        if self.due is not None:
+            due_ms = now_ms + self.due[1] if self.due[0] == "rel" else self.due[1]
+        body = codec.encode_body(self.task, args, kwargs, now_ms, due_ms)
         e = b"%s%s:%s" % (self.head, jid.encode(), body)
         if len(e) > self.max_payload:
             raise PayloadTooLarge(
@@ -119,9 +122,10 @@ class _Plan:
         k = self.keys
         flag = "1" if check else "0"
         if self.due is None:
-            return [self.target, k.wake, k.inflight], [flag, *entries]
+            return [self.target, k.wake, k.inflight, k.stats], [flag, *entries]
         due_kind, due_ms = self.due
-        return [k.delayed, k.wake, k.inflight, self.target], [flag, due_kind, due_ms, *entries]
+        return ([k.delayed, k.wake, k.inflight, self.target, k.stats],
+                [flag, due_kind, due_ms, *entries])
 
 
 def plan(app: App, task: str, queue: str, priority: int, max_attempts: int,

@@ -178,7 +178,8 @@ class Queue:
                 if entry is not None:
                     args += [jid, entry]
             if args:
-                moved += int(scripts.redrive([k.dead, k.dead_jobs, k.wake, *k.ready], args))
+                moved += int(scripts.redrive([k.dead, k.dead_jobs, k.wake, *k.ready, k.stats],
+                                             args))
         if moved:
             self.app.register_queue(self.name)
         return moved

@@ -50,6 +50,11 @@ class SupervisorSettings:
     max_restart_backoff_s: float = 10.0
     log_level: str = "INFO"
     log_format: str = "plain"
+    metrics_dir: str | None = None
+    """prometheus_client's multiprocess directory (set up by the CLI); None: no metrics."""
+    metrics_addr: str = "127.0.0.1"
+    metrics_port: int = 9808
+    """0: no metrics server."""
 
 
 @dataclass
@@ -99,6 +104,11 @@ class Supervisor:
         self._dir = ""
         self._booted = False
         self._stop_deadline = 0.0
+        self._metrics_pid: int | None = None
+        self._metrics_next_at = 0.0
+        self._metrics_failures = 0
+        self.restarts = {"died": 0, "unresponsive": 0, "recycled": 0}
+        self._published: tuple[int, tuple[int, ...]] | None = None
 
     # --- main loop -------------------------------------------------------------------
 
@@ -113,6 +123,7 @@ class Supervisor:
         try:
             while True:
                 self._reap()
+                self._publish_state()
                 if self._halt is not None:
                     self._stop(fast=True)
                     return self._halt
@@ -123,6 +134,7 @@ class Supervisor:
                 else:
                     self._murder_unresponsive()
                     self._manage()
+                    self._manage_metrics()
                     if self.worker_settings.burst and self._booted and not self.children:
                         log.info("burst: every worker finished")
                         return self._exit_code
@@ -132,6 +144,7 @@ class Supervisor:
                     name = signal.Signals(sig).name.lower()
                     getattr(self, f"handle_{name[3:]}")()
         finally:
+            self._stop_metrics()
             for name in self.SIGNALS:
                 signal.signal(getattr(signal, f"SIG{name}"), signal.SIG_DFL)
             os.close(self._pipe_r)
@@ -201,6 +214,64 @@ class Supervisor:
             log.info("SIGCONT: workers fetch again")
             self._kill_all(signal.SIGCONT)
 
+    # --- metrics ---------------------------------------------------------------------
+
+    def _publish_state(self) -> None:
+        d = self.settings.metrics_dir
+        state = (len(self.children), tuple(self.restarts.values()))
+        if d and state != self._published:
+            from .metrics import write_supervisor_state
+
+            with contextlib.suppress(OSError):
+                write_supervisor_state(d, len(self.children), dict(self.restarts))
+                self._published = state
+
+    def _manage_metrics(self) -> None:
+        s = self.settings
+        if not s.metrics_dir or not s.metrics_port or self._metrics_pid is not None:
+            return
+        if time.monotonic() < self._metrics_next_at:
+            return
+        parent = os.getpid()
+        pid = os.fork()
+        if pid:
+            self._metrics_pid = pid
+            return
+        code = EXIT_ERROR
+        try:
+            for name in self.SIGNALS:
+                signal.signal(getattr(signal, f"SIG{name}"), signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor ends it
+            from .logs import setup_logging
+            from .metrics import serve_forever_child
+
+            setup_logging(s.log_level, s.log_format, "metrics")
+            code = serve_forever_child(self.app, s.metrics_addr, s.metrics_port,
+                                       s.metrics_dir, parent)
+        except BaseException:
+            log.exception("metrics server crashed")
+        finally:
+            os._exit(code)
+
+    def _on_metrics_exit(self, status: int) -> None:
+        self._metrics_pid = None
+        if self._stopping:
+            return
+        self._metrics_failures += 1
+        delay = min(60.0, 2.0 ** self._metrics_failures)
+        self._metrics_next_at = time.monotonic() + delay
+        log.warning("metrics server exited (%d); restarting it in %.0fs",
+                    os.waitstatus_to_exitcode(status), delay)
+
+    def _stop_metrics(self) -> None:
+        pid = self._metrics_pid
+        if pid is None:
+            return
+        self._metrics_pid = None
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+            os.waitpid(pid, 0)
+
     # --- children --------------------------------------------------------------------
 
     def _stop(self, fast: bool) -> None:
@@ -241,10 +312,18 @@ class Supervisor:
                 return
             if pid == 0:
                 return
+            if pid == self._metrics_pid:
+                self._on_metrics_exit(status)
+                continue
             child = self.children.pop(pid, None)
             if child is None:
                 log.debug("reaped pid %d (not a worker)", pid)
                 continue
+            if self.settings.metrics_dir:
+                from prometheus_client import multiprocess
+
+                multiprocess.mark_process_dead(  # type: ignore[no-untyped-call]
+                    pid, self.settings.metrics_dir)
             self._on_exit(child, status)
 
     def _on_exit(self, child: Child, status: int) -> None:
@@ -259,6 +338,8 @@ class Supervisor:
             log.info("worker %d (pid %d) finished", child.index, child.pid)
             if self.worker_settings.burst:
                 self._booted = True
+            elif child.generation == self._generation and child.term_sent_at is None:
+                self.restarts["recycled"] += 1
             self._deaths_in_a_row = 0
             return
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
@@ -272,6 +353,8 @@ class Supervisor:
             log.error("worker %d could not boot (%s): stopping", child.index, how)
             self._halt = code
             return
+        unresponsive = child.term_sent_at is not None and child.term_sent_at < time.monotonic()
+        self.restarts["unresponsive" if unresponsive else "died"] += 1
         self._deaths_in_a_row += 1
         delay = min(self.settings.max_restart_backoff_s, 0.1 * 2 ** (self._deaths_in_a_row - 1))
         self._next_spawn_at = time.monotonic() + (delay if self._deaths_in_a_row > 1 else 0)

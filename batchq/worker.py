@@ -43,7 +43,11 @@ from . import codec
 from .codec import Job
 from .errors import Retry
 from .keys import QueueKeys, worker_info_key, workers_key
+from .metrics import bump
 from .scripts import AsyncScript, AsyncScripts, arun_pipeline
+
+if TYPE_CHECKING:
+    from .metrics import Recorder
 
 if TYPE_CHECKING:
     from .app import App, Task
@@ -56,6 +60,9 @@ PROMOTE_CHUNK = 100
 
 BURST_POLL_S = 0.2
 """In burst mode, how often an idle worker re-checks whether the queues are done."""
+
+METRICS_EVERY_S = 1.0
+"""How often counts aggregated in the process are published to prometheus_client."""
 
 REGISTRY_EVERY_S = 5.0
 """How often a worker refreshes its entry in the worker registry."""
@@ -79,6 +86,8 @@ class WorkerSettings:
     max_jobs: int | None = None
     """Stop gracefully after this many jobs (recycling, for leaky handlers)."""
     install_signal_handlers: bool = True
+    metrics: bool = True
+    """Count jobs for Prometheus (``batchq.metrics``); off saves a little per job."""
     heartbeat_path: str | None = None
     """A file whose mtime the loop refreshes every ``heartbeat_interval_s``; the
     supervisor kills a child whose file goes stale (a blocked event loop)."""
@@ -112,11 +121,21 @@ class Counters:
 
 @dataclass
 class _Buffers:
-    """Results waiting to be written, per queue."""
+    """Results waiting to be written, per queue (tasks and reasons kept for metrics,
+    which count an outcome only once Redis took it: a stale lease changes nothing)."""
 
     acks: list[bytes] = field(default_factory=list)
-    retries: list[tuple[bytes, int]] = field(default_factory=list)
-    dead: list[tuple[bytes, bytes]] = field(default_factory=list)
+    ack_tasks: list[str] = field(default_factory=list)
+    retries: list[tuple[bytes, int, str]] = field(default_factory=list)
+    """(lease, retry delay in ms, task)"""
+    dead: list[tuple[bytes, bytes, str, str]] = field(default_factory=list)
+    """(lease, dead record, task, reason)"""
+
+    def extend(self, other: _Buffers) -> None:
+        self.acks += other.acks
+        self.ack_tasks += other.ack_tasks
+        self.retries += other.retries
+        self.dead += other.dead
 
     def __bool__(self) -> bool:
         return bool(self.acks or self.retries or self.dead)
@@ -156,6 +175,7 @@ class Worker:
         self._idle = False
         self._fetch_paused = False
         self._waking = 0
+        self._m: Recorder | None = None
         self.started_at = time.time()
 
     # --- control ---------------------------------------------------------------------
@@ -188,12 +208,18 @@ class Worker:
         self._redis = self.app.redis_settings.async_client()
         self._bredis = self.app.redis_settings.async_client(socket_timeout_s=s.max_block_s + 10)
         self._scripts = AsyncScripts(self._redis)
+        if s.metrics:
+            from .metrics import Recorder
+
+            self._m = Recorder()
+            self._m.set_concurrency(s.concurrency)
         if s.install_signal_handlers:
             self._install_signals()
         await self._startup()
         flusher = asyncio.create_task(self._flush_loop(), name="batchq-flush")
         extender = asyncio.create_task(self._extend_loop(), name="batchq-extend")
         beater = asyncio.create_task(self._heartbeat_loop(), name="batchq-heartbeat")
+        metrics = asyncio.create_task(self._metrics_loop(), name="batchq-metrics")
         self._runner_tasks = [
             asyncio.create_task(self._runner(), name=f"batchq-run-{i}")
             for i in range(s.concurrency)
@@ -204,10 +230,11 @@ class Worker:
             self._stopping = True
             self._wake_runners(len(self._idle_runners))
             await self._drain()
-            for t in (extender, flusher, beater):
+            for t in (extender, flusher, beater, metrics):
                 t.cancel()
-            await asyncio.gather(extender, flusher, beater, return_exceptions=True)
+            await asyncio.gather(extender, flusher, beater, metrics, return_exceptions=True)
             await self._flush_with_retry(final=True)
+            self._publish_metrics()
             await self._close()
         return 0
 
@@ -275,6 +302,21 @@ class Worker:
         })
         pipe.expire(info_key, int(REGISTRY_EVERY_S * 6))
         await pipe.execute()
+
+    async def _metrics_loop(self) -> None:
+        while self._m is not None:
+            await asyncio.sleep(METRICS_EVERY_S)
+            self._publish_metrics()
+
+    def _publish_metrics(self) -> None:
+        if self._m is None:
+            return
+        queued: dict[str, int] = {}
+        for item in self._work:
+            q = item[0].queue if isinstance(item, list) else item.queue
+            queued[q] = queued.get(q, 0) + (len(item) if isinstance(item, list) else 1)
+        running = {q: len(h) - queued.get(q, 0) for q, h in self._held.items()}
+        self._m.flush(running)
 
     async def _unpublish(self) -> None:
         with contextlib.suppress(*_CONN_ERRORS):
@@ -345,6 +387,7 @@ class Worker:
         if n == 1:
             k = qs[0]
             want = min(free, s.fetch_batch)
+            t0 = time.perf_counter()
             results = [await self._scripts.pop(self._pop_keys(k), [want, lease_ms, PROMOTE_CHUNK])]
             order: tuple[QueueKeys, ...] = qs
         else:
@@ -357,24 +400,35 @@ class Worker:
                 free -= want
                 await self._scripts.pop(self._pop_keys(k), [want, lease_ms, PROMOTE_CHUNK],
                                         client=pipe)
+            t0 = time.perf_counter()
             results = await arun_pipeline(pipe, self._redis)
             for r in results:
                 if isinstance(r, Exception):
                     raise r
+        m = self._m
+        if m is not None:
+            m.redis.observe(("pop",), time.perf_counter() - t0)
         got = 0
         wait_ms = s.max_block_s * 1000
+        c = self.counters
         for k, res in zip(order, results, strict=True):
-            now, next_due, next_deadline, promoted, reaped, buried = res[:6]
-            c = self.counters
+            now, next_due, next_deadline, promoted, reaped, expired, malformed = res[:7]
             c.promoted += promoted
             c.reaped += reaped
-            if buried:
-                c.dead += buried
+            if expired or malformed or reaped:
+                c.dead += expired + malformed
+                if m is not None:
+                    bump(m.redelivered, k.queue, reaped)
+                    bump(m.dead, (k.queue, "", "lease_expired"), expired)
+                    bump(m.dead, (k.queue, "", "decode_error"), malformed)
             for due in (next_due, next_deadline):
                 if due >= 0:
                     wait_ms = min(wait_ms, due - now + 2)
-            if len(res) > 6:
-                got += self._accept(k.queue, res[6:])
+            if len(res) > 7:
+                n = self._accept(k.queue, res[7:])
+                got += n
+                if m is not None:
+                    m.batch.observe((k.queue,), n)
         return got, max(0.0, wait_ms / 1000)
 
     def _pop_keys(self, k: QueueKeys) -> list[str]:
@@ -487,12 +541,30 @@ class Worker:
             else:
                 await self._run_one(item)  # type: ignore[arg-type]
 
+    def _started(self, job: Job, m: Recorder) -> None:
+        key = (job.queue, job.task)
+        bump(m.started, key)
+        if job.attempt == 1:
+            m.wait.observe(key, max(0.0, time.time() - job.ready_ms / 1000))
+
     async def _run_one(self, job: Job) -> None:
         task = self._tasks.get(job.task)
         if task is None:
             exc = LookupError(f"no task named {job.task!r} is registered")
             self._bury(job, "unknown_task", exc)
             return
+        m = self._m
+        if m is not None:
+            self._started(job, m)
+            t0 = time.perf_counter()
+            try:
+                await self._run_one_timed(job, task)
+            finally:
+                m.run.observe((job.queue, job.task), time.perf_counter() - t0)
+        else:
+            await self._run_one_timed(job, task)
+
+    async def _run_one_timed(self, job: Job, task: Task[..., Any]) -> None:
         timeout = task.config.timeout_s
         try:
             if not task.is_async:
@@ -553,6 +625,22 @@ class Worker:
             self._ack(job)
 
     async def _run_batch(self, jobs: list[Job]) -> None:
+        m = self._m
+        if m is None:
+            await self._run_batch_timed(jobs)
+            return
+        for j in jobs:
+            self._started(j, m)
+        t0 = time.perf_counter()
+        try:
+            await self._run_batch_timed(jobs)
+        finally:
+            elapsed = time.perf_counter() - t0
+            key = (jobs[0].queue, jobs[0].task)
+            for _ in jobs:
+                m.run.observe(key, elapsed)
+
+    async def _run_batch_timed(self, jobs: list[Job]) -> None:
         task = self._tasks[jobs[0].task]
         timeout = task.config.timeout_s
         try:
@@ -600,11 +688,15 @@ class Worker:
         return self._buf[job.queue]
 
     def _ack(self, job: Job) -> None:
-        self._settle(job).acks.append(job.lease)
+        b = self._settle(job)
+        b.acks.append(job.lease)
+        b.ack_tasks.append(job.task)
         self.counters.succeeded += 1
 
     def _fail(self, job: Job, task: Task[..., Any], exc: BaseException, reason: str) -> None:
         self.counters.failed += 1
+        if self._m is not None:
+            bump(self._m.failed, (job.queue, job.task, reason))
         if job.attempt >= job.max_attempts:
             self._bury(job, reason, exc)
             return
@@ -615,7 +707,7 @@ class Worker:
             delay = backoff_s(c.retry_backoff_s, c.retry_backoff_max_s, job.attempt)
         log.info("job %s (%s) attempt %d/%d failed: %s: %s; retry in %.2fs", job.id, job.task,
                  job.attempt, job.max_attempts, type(exc).__name__, exc, delay)
-        self._settle(job).retries.append((job.lease, int(delay * 1000)))
+        self._settle(job).retries.append((job.lease, int(delay * 1000), job.task))
         self.counters.retried += 1
 
     def _bury(self, job: Job, reason: str, exc: BaseException) -> None:
@@ -625,7 +717,7 @@ class Worker:
             job.id, reason, job.raw, error_type=type(exc).__name__, error_message=str(exc),
             traceback="".join(traceback.format_exception(exc)),
         )
-        self._settle(job).dead.append((job.lease, record))
+        self._settle(job).dead.append((job.lease, record, job.task, reason))
         self._count_dead(reason)
 
     def _bury_raw(self, queue: str, raw: bytes, reason: str, exc: BaseException) -> None:
@@ -634,7 +726,7 @@ class Worker:
         log.warning("job %s in %s dead-lettered: %s: %s", jid, queue, reason, exc)
         record = codec.encode_dead_record(jid, reason, raw, error_type=type(exc).__name__,
                                           error_message=str(exc))
-        self._buf[queue].dead.append((lease, record))
+        self._buf[queue].dead.append((lease, record, "", reason))
         self._flush_event.set()
         self._count_dead(reason)
 
@@ -656,7 +748,8 @@ class Worker:
             try:
                 await self._flush()
                 return
-            except _CONN_ERRORS as exc:
+            except (*_CONN_ERRORS, redis.ResponseError) as exc:
+                # a full Redis (OOM) refuses writes too; acks free memory, so keep trying
                 log.warning("writing results failed (%s); retrying in %.1fs", exc, pause)
                 await asyncio.sleep(pause)
                 pause = min(5.0, pause * 2)
@@ -669,27 +762,38 @@ class Worker:
             return
         for k, _ in todo:
             self._buf[k.queue] = _Buffers()
-        calls: list[tuple[AsyncScript, list[str], list[Any]]] = []
+        # (script, keys, args, queue, labels of each item for the metrics)
+        calls: list[tuple[AsyncScript, list[str], list[Any], str, list[tuple[str, ...]]]] = []
         for k, b in todo:
+            q = k.queue
             for i in range(0, len(b.acks), CHUNK):
                 calls.append((self._scripts.ack, [k.reserved, k.inflight],
-                              b.acks[i : i + CHUNK]))
+                              b.acks[i : i + CHUNK],
+                              q, [("ok", t) for t in b.ack_tasks[i : i + CHUNK]]))
             nack_keys = [k.reserved, k.inflight, k.delayed, k.dead, k.dead_jobs]
             # nack.lua takes the retries first (their count in ARGV[1]), then the dead
-            for pairs, retry in ((b.retries, True), (b.dead, False)):
-                for i in range(0, len(pairs), CHUNK):
-                    part = pairs[i : i + CHUNK]
-                    args: list[Any] = [len(part) if retry else 0]
-                    for lease, value in part:
-                        args += [lease, value]
-                    calls.append((self._scripts.nack, nack_keys, args))
+            for i in range(0, len(b.retries), CHUNK):
+                part = b.retries[i : i + CHUNK]
+                args: list[Any] = [len(part)]
+                for lease, delay, _ in part:
+                    args += [lease, delay]
+                calls.append((self._scripts.nack, nack_keys, args, q,
+                              [("retry", t) for _, _, t in part]))
+            for i in range(0, len(b.dead), CHUNK):
+                dead = b.dead[i : i + CHUNK]
+                args = [0]
+                for lease, rec, _, _ in dead:
+                    args += [lease, rec]
+                calls.append((self._scripts.nack, nack_keys, args, q,
+                              [("dead", t, r) for _, _, t, r in dead]))
+        t0 = time.perf_counter()
         try:
             if len(calls) == 1:
-                script, keys, args = calls[0]
+                script, keys, args, _, _ = calls[0]
                 results = [await script(keys, args)]
             else:
                 pipe = self._redis.pipeline(transaction=False)
-                for script, keys, args in calls:
+                for script, keys, args, _, _ in calls:
                     await script(keys, args, client=pipe)
                 results = await arun_pipeline(pipe, self._redis)
                 for r in results:
@@ -698,11 +802,32 @@ class Worker:
         except BaseException:
             # put everything back in front of what arrived meanwhile; resending is safe
             for k, b in todo:
-                cur = self._buf[k.queue]
-                self._buf[k.queue] = _Buffers(b.acks + cur.acks, b.retries + cur.retries,
-                                              b.dead + cur.dead)
+                b.extend(self._buf[k.queue])
+                self._buf[k.queue] = b
             raise
-        self.counters.stale_acks += sum(int(r) for r in results)
+        self._count_flushed(calls, results, time.perf_counter() - t0)
+
+    def _count_flushed(self, calls: list[Any], results: list[Any], elapsed_s: float) -> None:
+        stale_total = sum(len(r) for r in results)
+        self.counters.stale_acks += stale_total
+        m = self._m
+        if m is None:
+            return
+        acks = any(c[0] is self._scripts.ack for c in calls)
+        m.redis.observe(("ack" if acks else "nack",), elapsed_s)
+        for (_, _, _, q, labels), stale in zip(calls, results, strict=True):
+            skip = {int(i) - 1 for i in stale}
+            if skip:
+                bump(m.stale, q, len(skip))
+            for i, lab in enumerate(labels):
+                if i in skip:
+                    continue
+                if lab[0] == "ok":
+                    bump(m.succeeded, (q, lab[1]))
+                elif lab[0] == "retry":
+                    bump(m.retried, (q, lab[1]))
+                else:
+                    bump(m.dead, (q, lab[1], lab[2]))
 
     # --- leases ----------------------------------------------------------------------
 
@@ -712,14 +837,19 @@ class Worker:
         while True:
             await asyncio.sleep(every)
             for k in self.queues:
-                leases = [*self._held[k.queue], *self._buf[k.queue].acks]
+                b = self._buf[k.queue]  # results not written yet still hold their leases
+                leases = [*self._held[k.queue], *b.acks, *(r[0] for r in b.retries),
+                          *(d[0] for d in b.dead)]
                 for i in range(0, len(leases), CHUNK):
                     part = leases[i : i + CHUNK]
+                    t0 = time.perf_counter()
                     try:
                         lost = await self._scripts.extend([k.reserved], [lease_ms, *part])
                     except _CONN_ERRORS as exc:
                         log.warning("extending leases failed (%s)", exc)
                         break
+                    if self._m is not None:
+                        self._m.redis.observe(("extend",), time.perf_counter() - t0)
                     if lost:
                         self.counters.leases_lost += len(lost)
                         log.warning("%d leases in %s expired before they could be extended; "

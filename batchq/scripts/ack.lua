@@ -3,18 +3,21 @@
 -- KEYS[1]  reserved zset
 -- KEYS[2]  inflight hash
 -- ARGV     leases "<id>:<attempt>" (at most 1000 per call)
--- Returns  the number of stale leases: ones no longer reserved (the lease expired and
---          the job was handed out again or dead-lettered). A stale ack deletes nothing.
+-- Returns  the positions (1-based) of stale leases: ones no longer reserved (the lease
+--          expired and the job was handed out again or dead-lettered). A stale ack
+--          deletes nothing.
 local scores = redis.call('ZMSCORE', KEYS[1], unpack(ARGV))
-local live, ids = {}, {}
+local live, ids, stale = {}, {}, {}
 for i, m in ipairs(ARGV) do
   if scores[i] then
     live[#live + 1] = m
     ids[#ids + 1] = member_id(m)
+  else
+    stale[#stale + 1] = i
   end
 end
 if #live > 0 then
   redis.call('ZREM', KEYS[1], unpack(live))
   redis.call('HDEL', KEYS[2], unpack(ids))
 end
-return #ARGV - #live
+return stale

@@ -3,6 +3,7 @@
 -- KEYS[1]  ready list of the jobs' priority
 -- KEYS[2]  wake list of the queue
 -- KEYS[3]  inflight hash
+-- KEYS[4]  stats hash (field "enqueued" counts every job written)
 -- ARGV[1]  "1" when this call retries one whose reply was lost: if its first job is
 --          already queued or running, the earlier call landed (a script is all or
 --          nothing) and nothing is written again
@@ -17,5 +18,6 @@ if ARGV[1] == '1' then
   end
 end
 local n = redis.call('RPUSH', KEYS[1], unpack(ARGV, 2))
+redis.call('HINCRBY', KEYS[4], 'enqueued', #ARGV - 1)
 wake(KEYS[2])
 return n

@@ -6,10 +6,11 @@
 -- ARGV[1]  R, the number of retries that follow
 -- ARGV[2..2R+1]        pairs: lease "<id>:<attempt>", retry delay in ms
 -- ARGV[2R+2..]         pairs: lease, dead record (msgpack, built by the worker)
--- Returns  the number of stale leases skipped (nothing is written for those).
+-- Returns  the positions (1-based, counting pairs) of stale leases, for which nothing
+--          was written.
 local now = now_ms()
 local r = tonumber(ARGV[1])
-local stale = 0
+local stale = {}
 local i = 2
 while i < #ARGV do
   local m, v = ARGV[i], ARGV[i + 1]
@@ -25,7 +26,7 @@ while i < #ARGV do
     redis.call('ZREM', KEYS[1], m)
     redis.call('HDEL', KEYS[2], id)
   else
-    stale = stale + 1
+    stale[#stale + 1] = i / 2
   end
   i = i + 2
 end

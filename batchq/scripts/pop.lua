@@ -14,7 +14,8 @@
 -- ARGV[3]  chunk: at most this many delayed and expired jobs are moved per call
 --
 -- Returns {now_ms, next_due_ms or -1, next_deadline_ms or -1, promoted, reaped,
---          buried, job, job, ...}; each job is the entry with its attempt counted.
+--          expired (dead-lettered: lease_expired), malformed (dead-lettered:
+--          decode_error), job, job, ...}; each job is the entry with its attempt counted.
 local now = now_ms()
 local want = tonumber(ARGV[1])
 local lease = tonumber(ARGV[2])
@@ -61,7 +62,7 @@ if #due > 0 or reaped > 0 then
 end
 
 -- 3. pop and reserve
-local out = {now, -1, -1, #due, reaped, buried}
+local out = {now, -1, -1, #due, reaped, buried, 0}
 if want > 0 and redis.call('EXISTS', KEYS[7]) == 0 then
   local deadline = now + lease
   local hargs, zargs = {}, {}
@@ -82,7 +83,7 @@ if want > 0 and redis.call('EXISTS', KEYS[7]) == 0 then
         else
           bury(KEYS[4], KEYS[5], now, 'raw-' .. string.sub(redis.sha1hex(e), 1, 20),
             'decode_error', 'malformed job header', e)
-          out[6] = out[6] + 1
+          out[7] = out[7] + 1
         end
       end
     end

@@ -2,6 +2,7 @@
 --
 -- KEYS[1]  dead zset             KEYS[3]  wake list
 -- KEYS[2]  dead:jobs hash        KEYS[4..13]  ready lists, priority 9 down to 0
+-- KEYS[14] stats hash (a redriven job counts as enqueued again)
 -- ARGV     pairs: id, encoded job with its attempt reset (built by the caller from the
 --          dead record's raw bytes)
 -- Returns  how many moved; an id no longer in the dead store is skipped, so two
@@ -17,5 +18,8 @@ for i = 1, #ARGV - 1, 2 do
     n = n + 1
   end
 end
-if n > 0 then wake(KEYS[3]) end
+if n > 0 then
+  redis.call('HINCRBY', KEYS[14], 'enqueued', n)
+  wake(KEYS[3])
+end
 return n

@@ -4,6 +4,7 @@
 -- KEYS[2]  wake list (an idle worker wakes to learn the new earliest due time)
 -- KEYS[3]  inflight hash
 -- KEYS[4]  ready list of the jobs' priority
+-- KEYS[5]  stats hash (field "enqueued")
 -- ARGV[1]  "1" when retrying a call whose reply was lost (see enqueue.lua)
 -- ARGV[2]  "rel": ARGV[3] is a delay in ms from the server's now;
 --          "abs": ARGV[3] is a Unix time in ms
@@ -28,5 +29,6 @@ for i = 4, #ARGV do
   args[#args + 1] = ARGV[i]
 end
 redis.call('ZADD', KEYS[1], unpack(args))
+redis.call('HINCRBY', KEYS[5], 'enqueued', #ARGV - 3)
 wake(KEYS[2])
 return due

@@ -1,0 +1,376 @@
+"""Prometheus metrics: definitions (built in the worker process, never before a fork),
+cheap per-job aggregation, and the /metrics, /healthz, /readyz server.
+
+Hot path: a worker does not touch prometheus_client per job. It adds to plain dicts
+(``Recorder``) and a flush task moves the sums into the real metrics once a second, so
+metrics cost a few hundred nanoseconds per job. Histograms are aggregated the same way
+(bucket counts and sums) and added to prometheus_client's histogram children in bulk.
+
+Under the supervisor the metrics use prometheus_client's multiprocess mode: the CLI sets
+``PROMETHEUS_MULTIPROC_DIR`` (wiped at start) before anything imports the library, each
+child writes its own files, the supervisor calls ``mark_process_dead`` for exited
+children, and a separate metrics process serves every scrape with a fresh registry
+(``MultiProcessCollector``) plus collectors that read queue depths from Redis (one
+pipelined read per scrape) and the supervisor's own counts (a small JSON file).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import json
+import logging
+import os
+import platform
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prometheus_client.registry import Collector
+
+    from .app import App
+
+log = logging.getLogger("batchq.metrics")
+
+RUN_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+               5.0, 10.0, 30.0, 60.0, 300.0)
+WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
+REDIS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                 0.25, 1.0)
+BATCH_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000)
+
+SUPERVISOR_FILE = "batchq-supervisor.json"
+"""In the multiprocess directory: the supervisor's counts, read at scrape time."""
+
+
+class _Hist:
+    """Local histogram aggregation keyed by label values."""
+
+    __slots__ = ("bounds", "counts", "sums")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts: dict[tuple[str, ...], list[int]] = {}
+        self.sums: dict[tuple[str, ...], float] = {}
+
+    def observe(self, key: tuple[str, ...], value: float) -> None:
+        c = self.counts.get(key)
+        if c is None:
+            c = self.counts[key] = [0] * (len(self.bounds) + 1)
+            self.sums[key] = 0.0
+        c[bisect.bisect_left(self.bounds, value)] += 1
+        self.sums[key] += value
+
+    def drain(self) -> Iterator[tuple[tuple[str, ...], list[int], float]]:
+        counts, sums = self.counts, self.sums
+        self.counts, self.sums = {}, {}
+        for key, c in counts.items():
+            yield key, c, sums[key]
+
+
+class Recorder:
+    """Per-process aggregation of everything a worker counts; ``flush`` publishes it."""
+
+    def __init__(self) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
+
+        self.started: dict[tuple[str, str], int] = {}
+        self.succeeded: dict[tuple[str, str], int] = {}
+        self.failed: dict[tuple[str, str, str], int] = {}
+        self.retried: dict[tuple[str, str], int] = {}
+        self.dead: dict[tuple[str, str, str], int] = {}
+        self.redelivered: dict[str, int] = {}
+        self.stale: dict[str, int] = {}
+        self.run = _Hist(RUN_BUCKETS)
+        self.wait = _Hist(WAIT_BUCKETS)
+        self.batch = _Hist(BATCH_BUCKETS)
+        self.redis = _Hist(REDIS_BUCKETS)
+        self._c_started = Counter("batchq_jobs_started", "Job runs started",
+                                  ["queue", "task"])
+        self._c_succeeded = Counter("batchq_jobs_succeeded", "Jobs finished successfully "
+                                    "(acks that were not stale)", ["queue", "task"])
+        self._c_failed = Counter("batchq_jobs_failed", "Failed attempts",
+                                 ["queue", "task", "reason"])
+        self._c_retried = Counter("batchq_jobs_retried", "Failed attempts scheduled for a "
+                                  "retry", ["queue", "task"])
+        self._c_dead = Counter("batchq_jobs_dead", "Jobs moved to the dead-letter store",
+                               ["queue", "task", "reason"])
+        self._c_redelivered = Counter("batchq_jobs_redelivered", "Expired leases handed "
+                                      "out again", ["queue"])
+        self._c_stale = Counter("batchq_stale_acks", "Results for leases that had expired",
+                                ["queue"])
+        self._h_run = Histogram("batchq_job_run_seconds", "Handler run time",
+                                ["queue", "task"], buckets=RUN_BUCKETS)
+        self._h_wait = Histogram("batchq_job_wait_seconds", "Ready (or due) to start, first "
+                                 "attempts", ["queue", "task"], buckets=WAIT_BUCKETS)
+        self._h_batch = Histogram("batchq_fetch_batch_size", "Jobs per fetch", ["queue"],
+                                  buckets=BATCH_BUCKETS)
+        self._h_redis = Histogram("batchq_redis_seconds", "Redis round trips by operation",
+                                  ["op"], buckets=REDIS_BUCKETS)
+        self._g_progress = Gauge("batchq_jobs_in_progress", "Jobs running now", ["queue"],
+                                 multiprocess_mode="livesum")
+        self._g_concurrency = Gauge("batchq_worker_concurrency", "Configured concurrency of "
+                                    "live worker processes", multiprocess_mode="livesum")
+
+    def set_concurrency(self, n: int) -> None:
+        self._g_concurrency.set(n)
+
+    def flush(self, in_progress: dict[str, int]) -> None:
+        """Publish what was counted since the last flush."""
+        for src, metric in ((self.started, self._c_started),
+                            (self.succeeded, self._c_succeeded),
+                            (self.failed, self._c_failed), (self.retried, self._c_retried),
+                            (self.dead, self._c_dead)):
+            items = list(src.items())
+            src.clear()
+            for key, n in items:
+                metric.labels(*key).inc(n)
+        for src1, metric1 in ((self.redelivered, self._c_redelivered),
+                              (self.stale, self._c_stale)):
+            items1 = list(src1.items())
+            src1.clear()
+            for q, n in items1:
+                metric1.labels(q).inc(n)
+        for hist, local in ((self._h_run, self.run), (self._h_wait, self.wait),
+                            (self._h_batch, self.batch), (self._h_redis, self.redis)):
+            for key, counts, total in local.drain():
+                _add_to_histogram(hist.labels(*key), counts, total)
+        for q, n in in_progress.items():
+            self._g_progress.labels(q).set(n)
+
+
+def _add_to_histogram(child: Any, counts: list[int], total: float) -> None:
+    """Add pre-aggregated observations to a prometheus_client histogram child."""
+    for bucket, n in zip(child._buckets, counts, strict=True):
+        if n:
+            bucket.inc(n)
+    child._sum.inc(total)
+
+
+def bump(d: dict[Any, int], key: Any, n: int = 1) -> None:
+    d[key] = d.get(key, 0) + n
+
+
+# --- scrape-time collectors -------------------------------------------------------------
+
+
+class QueueCollector:
+    """Queue depths, ages and enqueue counts, read from Redis once per scrape."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+
+    def collect(self) -> Iterable[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        from . import codec
+        from .keys import queues_key
+
+        jobs = GaugeMetricFamily("batchq_queue_jobs", "Jobs by state", labels=["queue", "state"])
+        age = GaugeMetricFamily("batchq_queue_oldest_job_age_seconds",
+                                "Age of the oldest ready job", labels=["queue"])
+        lag = GaugeMetricFamily("batchq_queue_delayed_lag_seconds",
+                                "Now minus the oldest due delayed job not yet moved",
+                                labels=["queue"])
+        paused = GaugeMetricFamily("batchq_queue_paused", "1 while the queue is paused",
+                                   labels=["queue"])
+        enq = CounterMetricFamily("batchq_jobs_enqueued", "Jobs written to the queue "
+                                  "(enqueue, schedule, redrive)", labels=["queue"])
+        up = GaugeMetricFamily("batchq_redis_up", "1 if the scrape could read Redis")
+        r = self.app.redis
+        try:
+            names = sorted(n.decode() if isinstance(n, bytes) else str(n)
+                           for n in r.smembers(queues_key(self.app.namespace)))
+            pipe = r.pipeline(transaction=False)
+            pipe.time()
+            for name in names:
+                k = self.app.keys(name)
+                for key in k.ready:
+                    pipe.llen(key)
+                for key in k.ready:
+                    pipe.lindex(key, 0)
+                pipe.zcard(k.delayed)
+                pipe.zcard(k.reserved)
+                pipe.zcard(k.dead)
+                pipe.exists(k.paused)
+                pipe.zrange(k.delayed, 0, 0, withscores=True)
+                pipe.hget(k.stats, "enqueued")
+            res = pipe.execute()
+        except Exception as exc:  # a scrape must answer even when Redis does not
+            log.warning("cannot read queue metrics from Redis: %s", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        sec, usec = res[0]
+        now_s = int(sec) + int(usec) / 1e6
+        i = 1
+        for name in names:
+            lens = res[i : i + 10]
+            heads = res[i + 10 : i + 20]
+            delayed, reserved, dead, is_paused, first_due, enqueued = res[i + 20 : i + 26]
+            i += 26
+            jobs.add_metric([name, "ready"], sum(lens))
+            jobs.add_metric([name, "delayed"], delayed)
+            jobs.add_metric([name, "reserved"], reserved)
+            jobs.add_metric([name, "dead"], dead)
+            oldest = 0.0
+            for head in heads:
+                if head:
+                    with contextlib.suppress(codec.DecodeError):
+                        enq_ms = codec.decode_entry(head, name).enqueued_ms
+                        oldest = max(oldest, now_s - enq_ms / 1000)
+            age.add_metric([name], oldest)
+            due_lag = 0.0
+            if first_due:
+                due_lag = max(0.0, now_s - float(first_due[0][1]) / 1000)
+            lag.add_metric([name], due_lag)
+            paused.add_metric([name], 1 if is_paused else 0)
+            enq.add_metric([name], int(enqueued or 0))
+        yield from (jobs, age, lag, paused, enq, up)
+
+
+class SupervisorCollector:
+    """The supervisor's counts (processes, restarts), from its JSON file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def collect(self) -> Iterable[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        try:
+            with open(self.path) as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            data = {}
+        procs = GaugeMetricFamily("batchq_worker_processes", "Live worker processes")
+        procs.add_metric([], int(data.get("processes", 0)))
+        restarts = CounterMetricFamily("batchq_worker_restarts", "Worker processes replaced",
+                                       labels=["reason"])
+        for reason in ("died", "unresponsive", "recycled"):
+            restarts.add_metric([reason], int(data.get("restarts", {}).get(reason, 0)))
+        yield procs
+        yield restarts
+
+
+class BuildInfoCollector:
+    def collect(self) -> Iterable[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        from . import __version__
+
+        g = GaugeMetricFamily("batchq_build_info", "batchq build", labels=["version", "python"])
+        g.add_metric([__version__, platform.python_version()], 1)
+        yield g
+
+
+def write_supervisor_state(directory: str, processes: int, restarts: dict[str, int]) -> None:
+    """Atomically replace the supervisor's JSON file (read by ``SupervisorCollector``)."""
+    path = os.path.join(directory, SUPERVISOR_FILE)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"processes": processes, "restarts": restarts}, f)
+    os.replace(tmp, path)
+
+
+# --- HTTP server ------------------------------------------------------------------------
+
+
+def build_registry(app: App, multiproc_dir: str | None) -> Any:
+    """A registry for one scrape: process metrics (multiprocess-aggregated when a
+    directory is given), queue state from Redis, supervisor counts, build info."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client import multiprocess as mp
+
+    registry = CollectorRegistry()
+    collectors: list[Collector] = [QueueCollector(app), BuildInfoCollector()]
+    if multiproc_dir:
+        mp.MultiProcessCollector(registry, path=multiproc_dir)  # type: ignore[no-untyped-call]
+        collectors.append(SupervisorCollector(os.path.join(multiproc_dir, SUPERVISOR_FILE)))
+    else:
+        from prometheus_client import REGISTRY
+
+        registry = REGISTRY
+    for c in collectors:
+        with contextlib.suppress(ValueError):  # already registered on REGISTRY
+            registry.register(c)
+    return registry
+
+
+def make_server(app: App, addr: str, port: int, *, multiproc_dir: str | None,
+                parent_pid: int | None) -> ThreadingHTTPServer:
+    """An HTTP server for /metrics, /healthz (the supervisor is alive) and /readyz
+    (Redis answers)."""
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    single_registry = None if multiproc_dir else build_registry(app, None)
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                with lock:
+                    registry = single_registry or build_registry(app, multiproc_dir)
+                    body = generate_latest(registry)
+                self._reply(200, body, CONTENT_TYPE_LATEST)
+            elif path == "/healthz":
+                alive = parent_pid is None or os.getppid() == parent_pid
+                self._reply(200 if alive else 503, b"ok\n" if alive else b"supervisor gone\n")
+            elif path == "/readyz":
+                try:
+                    app.redis.ping()
+                    self._reply(200, b"ok\n")
+                except Exception as exc:
+                    self._reply(503, f"redis unreachable: {type(exc).__name__}\n".encode())
+            else:
+                self._reply(404, b"not found\n")
+
+        def _reply(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8"
+                   ) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer((addr, port), Handler)
+    server.daemon_threads = True
+    return server
+
+
+def serve_in_thread(app: App, addr: str, port: int) -> ThreadingHTTPServer | None:
+    """Single-process mode: serve from a daemon thread of the worker itself."""
+    try:
+        server = make_server(app, addr, port, multiproc_dir=None, parent_pid=None)
+    except OSError as exc:
+        log.warning("metrics server not started on %s:%d: %s", addr, port, exc)
+        return None
+    threading.Thread(target=server.serve_forever, name="batchq-metrics", daemon=True).start()
+    log.info("metrics on http://%s:%d/metrics", addr, server.server_address[1])
+    return server
+
+
+def serve_forever_child(app: App, addr: str, port: int, multiproc_dir: str,
+                        parent_pid: int) -> int:
+    """Body of the supervisor's metrics process; returns when the supervisor is gone."""
+    try:
+        server = make_server(app, addr, port, multiproc_dir=multiproc_dir,
+                             parent_pid=parent_pid)
+    except OSError as exc:
+        log.error("metrics server cannot listen on %s:%d: %s", addr, port, exc)
+        return 1
+    log.info("metrics on http://%s:%d/metrics", addr, server.server_address[1])
+    threading.Thread(target=server.serve_forever, name="batchq-metrics", daemon=True).start()
+    while os.getppid() == parent_pid:
+        time.sleep(1.0)
+    server.shutdown()
+    return 0
