@@ -17,12 +17,14 @@ import contextlib
 import inspect
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from types import FrameType
 from typing import IO, Any
 from urllib.parse import unquote, urlsplit
 
@@ -122,6 +124,9 @@ def _guarded(name: str, fn: Handler) -> Handler:
         except redis.RedisError as exc:
             _err(f"batchq {name}: Redis error: {type(exc).__name__}: {exc}")
             return cli.EXIT_ERROR
+        except KeyboardInterrupt:
+            _err(f"batchq {name}: interrupted")
+            return cli.EXIT_ERROR
         except BrokenPipeError:
             # output piped into `head` and the like: stop quietly
             with contextlib.suppress(OSError):
@@ -207,6 +212,10 @@ class _Target:
 
 
 def _load(ref: str) -> App:
+    if "://" in ref:
+        _remember_url(ref)
+        raise _usage(f"{redact(ref)!r} looks like a URL, not MODULE:APP; pass a Redis URL "
+                     "with --redis-url")
     try:
         return cli.load_app(ref)
     except cli.AppImportError as exc:
@@ -217,6 +226,8 @@ def _target(args: argparse.Namespace) -> _Target:
     """Resolve the app, URL and namespace of a command (see the module docstring)."""
     ref: str | None = getattr(args, "app", None)
     loaded = _load(ref) if ref else None
+    if loaded is not None:
+        _remember_url(loaded.redis_url)
     url: str = args.redis_url or (loaded.redis_url if loaded else resolve_url(None))
     _remember_url(url)
     args.resolved_url = url
@@ -745,6 +756,14 @@ def _enqueue_stream(args: argparse.Namespace, task: Task[..., Any], f: IO[bytes]
     pos = 0
     state_ok = True
     t0 = time.monotonic()
+    stop_signal: list[int] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        # the first Ctrl-C (or SIGTERM) stops cleanly after the line being read, so the
+        # progress file matches what Redis has; a second one interrupts at once
+        if stop_signal:
+            raise KeyboardInterrupt
+        stop_signal.append(signum)
 
     def save(next_line: int) -> None:
         nonlocal state_ok
@@ -783,6 +802,7 @@ def _enqueue_stream(args: argparse.Namespace, task: Task[..., Any], f: IO[bytes]
             if reported == MAX_BAD_REPORTS and not abort:
                 _err("batchq enqueue: further bad lines are counted, not shown")
 
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         started = False
         for n, raw, pos in _lines(f):
@@ -813,6 +833,13 @@ def _enqueue_stream(args: argparse.Namespace, task: Task[..., Any], f: IO[bytes]
                 progress.update(n, enqueued, skipped, pos)
             elif n & 0xFF == 0:
                 progress.update(n, enqueued, skipped, pos)
+            if stop_signal:
+                flush(n + 1)
+                progress.clear()
+                _err(f"batchq enqueue: stopped by {signal.Signals(stop_signal[0]).name} after "
+                     f"line {n}: {enqueued} enqueued; run again to resume from line {n + 1} "
+                     f"(progress file {state_path})")
+                return cli.EXIT_ERROR
         flush(line + 1)
     except _Stop as stop:
         progress.clear()
@@ -837,9 +864,14 @@ def _enqueue_stream(args: argparse.Namespace, task: Task[..., Any], f: IO[bytes]
     except KeyboardInterrupt:
         progress.clear()
         _err(f"batchq enqueue: interrupted: {enqueued} enqueued; run again to resume from "
-             f"line {_resume_line(state_path, start)}")
+             f"line {_resume_line(state_path, start)} (jobs sent just before may be sent "
+             "again)")
         return cli.EXIT_ERROR
-    progress.update(line, enqueued, skipped, pos or size, force=True)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if not tty:  # a terminal's line is about to be replaced by the summary
+        progress.update(line, enqueued, skipped, pos or size, force=True)
     progress.clear()
     with contextlib.suppress(FileNotFoundError):
         os.unlink(state_path)
@@ -882,7 +914,8 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--json", action="store_true",
                    help="print one JSON object {queues: {...}, workers: [...]}")
     p.add_argument("-i", "--interval", type=float, default=None, metavar="SECONDS",
-                   help="refresh every SECONDS until Ctrl-C")
+                   help="refresh every SECONDS until Ctrl-C (with --json: one object per "
+                   "line each time)")
     p.set_defaults(handler=_guarded("info", cmd_info))
 
     p = sub.add_parser(

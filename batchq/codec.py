@@ -182,7 +182,7 @@ def decode_entry(raw: bytes, queue: str) -> Job:
     except (ValueError, UnicodeDecodeError) as exc:
         raise DecodeError(f"malformed job header: {exc}") from None
     try:
-        fields = msgpack.unpackb(body)
+        fields = msgpack.unpackb(body, strict_map_key=False)
         task, args, kwargs, enqueued_ms = fields[:4]
     except Exception as exc:
         raise DecodeError(
@@ -241,7 +241,7 @@ def encode_dead_record(
 def decode_dead_record(data: bytes) -> dict[str, Any]:
     """The dict in a dead record; unknown or missing fields are tolerated."""
     try:
-        rec = msgpack.unpackb(data)
+        rec = msgpack.unpackb(data, strict_map_key=False)
     except Exception as exc:
         return {"reason": "corrupt_record", "error_message": str(exc), "raw": data}
     return rec if isinstance(rec, dict) else {"reason": "corrupt_record", "raw": data}

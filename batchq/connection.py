@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio
@@ -26,17 +26,25 @@ def resolve_url(url: str | None) -> str:
     return url or os.environ.get("BATCHQ_REDIS_URL") or DEFAULT_URL
 
 
+_SECRET_PARAMS = ("password", "pass", "pwd", "auth")
+
+
 def redact(url: str) -> str:
-    """The URL with any password replaced by ``***`` (for logs and reprs)."""
+    """The URL with any password (in the user info or the query) replaced by ``***``,
+    for logs and reprs. Host, port and IPv6 brackets are kept as given."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    netloc = f"{user}:***@{host}" if user else f":***@{host}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    netloc = parts.netloc
+    if parts.password is not None:
+        userinfo, _, hostport = netloc.rpartition("@")
+        user = userinfo.partition(":")[0]
+        netloc = f"{user}:***@{hostport}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(k.lower() in _SECRET_PARAMS for k, _ in pairs):
+            query = urlencode([(k, "***" if k.lower() in _SECRET_PARAMS else v)
+                               for k, v in pairs], safe="*")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 @dataclass(frozen=True)

@@ -363,7 +363,9 @@ class Worker:
             try:
                 got, wait_s = await self._pop(free)
                 pause = 0.0
-            except _CONN_ERRORS as exc:
+            except (*_CONN_ERRORS, redis.ResponseError) as exc:
+                # a lost connection, or a server refusing (out of memory, read-only
+                # replica after a failover): back off and try again, never crash
                 pause = min(5.0, max(0.1, pause * 2))
                 log.warning("fetch failed (%s); retrying in %.1fs", exc, pause)
                 await self._sleep_unless_stopped(pause)

@@ -35,10 +35,12 @@ if #due > 0 then
   redis.call('ZREM', KEYS[1], unpack(due))
 end
 
--- 2. expired reservations -> ready head, or dead when out of attempts
+-- 2. expired reservations -> ready head (latest first, so the earliest ends up in
+--    front), or dead when out of attempts
 local reaped, buried = 0, 0
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, chunk)
-for _, m in ipairs(expired) do
+for x = #expired, 1, -1 do
+  local m = expired[x]
   local id = member_id(m)
   local e = id and redis.call('HGET', KEYS[3], id)
   if e then

@@ -1,4 +1,5 @@
-"""ack.lua: finish jobs; a stale lease (wrong attempt) deletes nothing and is counted."""
+"""ack.lua: finish jobs; a stale lease (wrong attempt) deletes nothing and is reported
+by its position among the leases."""
 
 from __future__ import annotations
 
@@ -40,11 +41,11 @@ def pop(s: SyncScripts, k: QueueKeys, want: int, lease: int = 30_000) -> list[by
     res: list[Any] = s.pop(
         [k.delayed, k.reserved, k.inflight, k.dead, k.dead_jobs, k.wake, k.paused, *k.ready],
         [want, lease, 100])
-    return list(res[6:])
+    return list(res[7:])
 
 
-def ack(s: SyncScripts, k: QueueKeys, leases: list[bytes]) -> int:
-    return int(s.ack([k.reserved, k.inflight], leases))
+def ack(s: SyncScripts, k: QueueKeys, leases: list[bytes]) -> list[int]:
+    return [int(x) for x in s.ack([k.reserved, k.inflight], leases)]
 
 
 def test_ack_removes_reservation_and_inflight_entry(redis_client, s, k, namespace):
@@ -52,11 +53,11 @@ def test_ack_removes_reservation_and_inflight_entry(redis_client, s, k, namespac
     assert len(pop(s, k, 3)) == 3
     redis_client.delete(k.wake)
 
-    assert ack(s, k, [b"a:1", b"c:1"]) == 0
+    assert ack(s, k, [b"a:1", b"c:1"]) == []
     assert redis_client.zrange(k.reserved, 0, -1) == [b"b:1"]
     assert redis_client.hgetall(k.inflight) == {b"b": with_attempt(entry("b"), 1)}
 
-    assert ack(s, k, [b"b:1"]) == 0
+    assert ack(s, k, [b"b:1"]) == []
     assert ns_keys(redis_client, namespace) == set()
 
 
@@ -69,33 +70,33 @@ def test_ack_of_a_stale_lease_deletes_nothing(redis_client, s, k):
     assert pop(s, k, 1) == [with_attempt(e, 2)]
     deadline = redis_client.zscore(k.reserved, b"job:2")
 
-    assert ack(s, k, [b"job:1"]) == 1
+    assert ack(s, k, [b"job:1"]) == [1]
     assert redis_client.zrange(k.reserved, 0, -1, withscores=True) == [(b"job:2", deadline)]
     assert redis_client.hgetall(k.inflight) == {b"job": with_attempt(e, 2)}
 
-    assert ack(s, k, [b"job:2"]) == 0
+    assert ack(s, k, [b"job:2"]) == []
     assert redis_client.exists(k.reserved, k.inflight) == 0
 
 
-def test_mixed_batch_counts_only_the_stale_ones(redis_client, s, k):
+def test_mixed_batch_reports_only_the_stale_positions(redis_client, s, k):
     redis_client.rpush(k.ready_for(0), entry("x"), entry("y"))
     pop(s, k, 2)
-    assert ack(s, k, [b"x:1", b"x:2", b"nobody:1", b"y:1"]) == 2
+    assert ack(s, k, [b"x:1", b"x:2", b"nobody:1", b"y:1"]) == [2, 3]
     assert redis_client.exists(k.reserved, k.inflight) == 0
 
 
-def test_acking_twice_counts_the_second_as_stale(redis_client, s, k):
+def test_acking_twice_reports_the_second_as_stale(redis_client, s, k):
     redis_client.rpush(k.ready_for(0), entry("once"))
     pop(s, k, 1)
-    assert ack(s, k, [b"once:1"]) == 0
-    assert ack(s, k, [b"once:1"]) == 1
+    assert ack(s, k, [b"once:1"]) == []
+    assert ack(s, k, [b"once:1"]) == [1]
     assert redis_client.exists(k.reserved, k.inflight) == 0
 
 
 def test_ack_of_1000_leases_in_one_call(redis_client, s, k):
     redis_client.rpush(k.ready_for(0), *[entry(f"j{i}") for i in range(1000)])
     assert len(pop(s, k, 1000)) == 1000
-    assert ack(s, k, [b"j%d:1" % i for i in range(1000)]) == 0
+    assert ack(s, k, [b"j%d:1" % i for i in range(1000)]) == []
     assert redis_client.exists(k.reserved, k.inflight) == 0
 
 

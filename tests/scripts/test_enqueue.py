@@ -1,4 +1,5 @@
-"""enqueue.lua: append encoded jobs to one ready list, wake one idle worker, retry check."""
+"""enqueue.lua: append encoded jobs to one ready list, wake one idle worker, count them
+in the stats hash, and in retry (check) mode write nothing if the earlier try landed."""
 
 from __future__ import annotations
 
@@ -37,8 +38,12 @@ def s(redis_client: redis.Redis) -> SyncScripts:
 
 def enqueue(s: SyncScripts, k: QueueKeys, entries: list[bytes], prio: int = 0,
             check: bool = False) -> int:
-    return int(s.enqueue([k.ready_for(prio), k.wake, k.inflight],
+    return int(s.enqueue([k.ready_for(prio), k.wake, k.inflight, k.stats],
                          ["1" if check else "0", *entries]))
+
+
+def enqueued(r: redis.Redis, k: QueueKeys) -> int:
+    return int(r.hget(k.stats, "enqueued") or 0)
 
 
 def test_appends_in_order_and_returns_list_length(redis_client, s, k):
@@ -48,14 +53,17 @@ def test_appends_in_order_and_returns_list_length(redis_client, s, k):
     assert redis_client.lrange(k.ready_for(0), 0, -1) == first
     assert enqueue(s, k, second) == 5
     assert redis_client.lrange(k.ready_for(0), 0, -1) == first + second
+    assert enqueued(redis_client, k) == 5
 
 
-def test_writes_only_the_target_list_and_the_wake_list(redis_client, s, k, namespace):
+def test_writes_only_the_target_list_wake_list_and_stats(redis_client, s, k, namespace):
     es = [entry(f"j{i}", prio=7) for i in range(4)]
     assert enqueue(s, k, es, prio=7) == 4
-    assert ns_keys(redis_client, namespace) == {k.ready_for(7).encode(), k.wake.encode()}
+    assert ns_keys(redis_client, namespace) == {
+        k.ready_for(7).encode(), k.wake.encode(), k.stats.encode()}
     assert redis_client.lrange(k.ready_for(7), 0, -1) == es
     assert redis_client.lrange(k.wake, 0, -1) == [b"1"]
+    assert redis_client.hgetall(k.stats) == {b"enqueued": b"4"}
 
 
 def test_wake_list_never_holds_more_than_one_token(redis_client, s, k):
@@ -76,6 +84,7 @@ def test_a_full_chunk_of_1000_jobs_in_one_call(redis_client, s, k):
     assert enqueue(s, k, es) == 1000
     assert redis_client.lrange(k.ready_for(0), 0, -1) == es
     assert redis_client.llen(k.wake) == 1
+    assert enqueued(redis_client, k) == 1000
 
 
 def test_normal_mode_does_not_deduplicate(redis_client, s, k):
@@ -83,6 +92,7 @@ def test_normal_mode_does_not_deduplicate(redis_client, s, k):
     assert enqueue(s, k, [e]) == 1
     assert enqueue(s, k, [e]) == 2
     assert redis_client.lrange(k.ready_for(0), 0, -1) == [e, e]
+    assert enqueued(redis_client, k) == 2
 
 
 def test_check_mode_writes_when_first_job_is_nowhere(redis_client, s, k):
@@ -90,6 +100,7 @@ def test_check_mode_writes_when_first_job_is_nowhere(redis_client, s, k):
     assert enqueue(s, k, es, check=True) == 2
     assert redis_client.lrange(k.ready_for(0), 0, -1) == es
     assert redis_client.lrange(k.wake, 0, -1) == [b"1"]
+    assert enqueued(redis_client, k) == 2
 
 
 def test_check_mode_writes_when_other_jobs_are_queued(redis_client, s, k):
@@ -98,6 +109,7 @@ def test_check_mode_writes_when_other_jobs_are_queued(redis_client, s, k):
     es = [entry("n1"), entry("n2")]
     assert enqueue(s, k, es, check=True) == 4
     assert redis_client.lrange(k.ready_for(0), 0, -1) == other + es
+    assert enqueued(redis_client, k) == 4
 
 
 def test_check_mode_returns_minus_one_when_first_job_is_already_queued(
@@ -110,8 +122,9 @@ def test_check_mode_returns_minus_one_when_first_job_is_already_queued(
 
     assert enqueue(s, k, es, prio=3, check=True) == -1
     assert redis_client.lrange(k.ready_for(3), 0, -1) == es + later
-    # nothing at all was written: not even a wake token
-    assert ns_keys(redis_client, namespace) == {k.ready_for(3).encode()}
+    # nothing at all was written: no wake token, no count
+    assert ns_keys(redis_client, namespace) == {k.ready_for(3).encode(), k.stats.encode()}
+    assert enqueued(redis_client, k) == 4
 
 
 def test_check_mode_returns_minus_one_when_first_job_is_running(redis_client, s, k, namespace):
@@ -124,6 +137,7 @@ def test_check_mode_returns_minus_one_when_first_job_is_running(redis_client, s,
     assert redis_client.lrange(k.ready_for(0), 0, -1) == [es[1]]
     assert redis_client.hgetall(k.inflight) == {b"run1": with_attempt(es[0], 1)}
     assert ns_keys(redis_client, namespace) == {k.ready_for(0).encode(), k.inflight.encode()}
+    assert enqueued(redis_client, k) == 0
 
 
 def test_check_mode_ignores_an_unrelated_inflight_job(redis_client, s, k):

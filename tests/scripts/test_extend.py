@@ -37,11 +37,11 @@ def s(redis_client: redis.Redis) -> SyncScripts:
     return SyncScripts(redis_client)
 
 
-def pop(s: SyncScripts, k: QueueKeys, want: int, lease: int = 1_000) -> list[bytes]:
+def pop(s: SyncScripts, k: QueueKeys, want: int, lease: int = 30_000) -> list[bytes]:
     res: list[Any] = s.pop(
         [k.delayed, k.reserved, k.inflight, k.dead, k.dead_jobs, k.wake, k.paused, *k.ready],
         [want, lease, 100])
-    return list(res[6:])
+    return list(res[7:])
 
 
 def extend(s: SyncScripts, k: QueueKeys, lease_ms: int, leases: list[bytes]) -> list[int]:

@@ -45,17 +45,18 @@ def pop(s: SyncScripts, k: QueueKeys, want: int, lease: int = 30_000) -> list[by
     res: list[Any] = s.pop(
         [k.delayed, k.reserved, k.inflight, k.dead, k.dead_jobs, k.wake, k.paused, *k.ready],
         [want, lease, 100])
-    return list(res[6:])
+    return list(res[7:])
 
 
 def nack(s: SyncScripts, k: QueueKeys, retries: list[tuple[bytes, int]],
-         dead: list[tuple[bytes, bytes]]) -> int:
+         dead: list[tuple[bytes, bytes]]) -> list[int]:
     args: list[Any] = [len(retries)]
     for lease, delay in retries:
         args += [lease, delay]
     for lease, rec in dead:
         args += [lease, rec]
-    return int(s.nack([k.reserved, k.inflight, k.delayed, k.dead, k.dead_jobs], args))
+    return [int(x) for x in s.nack([k.reserved, k.inflight, k.delayed, k.dead, k.dead_jobs],
+                                   args)]
 
 
 def popped(r: redis.Redis, s: SyncScripts, k: QueueKeys, *ids: str,
@@ -69,7 +70,7 @@ def popped(r: redis.Redis, s: SyncScripts, k: QueueKeys, *ids: str,
 def test_retry_moves_the_inflight_entry_to_delayed(redis_client, s, k, namespace):
     (job,) = popped(redis_client, s, k, "a")
     before = server_ms(redis_client)
-    assert nack(s, k, [(b"a:1", 5000)], []) == 0
+    assert nack(s, k, [(b"a:1", 5000)], []) == []
     after = server_ms(redis_client)
 
     delayed = redis_client.zrange(k.delayed, 0, -1, withscores=True)
@@ -92,7 +93,7 @@ def test_dead_stores_the_record_and_indexes_the_id(redis_client, s, k, namespace
     rec = codec.encode_dead_record("d", "error", job, error_type="ValueError",
                                    error_message="boom", traceback="Traceback ...")
     before = server_ms(redis_client)
-    assert nack(s, k, [], [(b"d:1", rec)]) == 0
+    assert nack(s, k, [], [(b"d:1", rec)]) == []
     after = server_ms(redis_client)
 
     assert redis_client.hgetall(k.dead_jobs) == {b"d": rec}
@@ -111,7 +112,7 @@ def test_retries_and_dead_in_one_call_are_routed_by_position(redis_client, s, k)
     rec2 = codec.encode_dead_record("d2", "error", jobs[3], error_message="two")
     now = server_ms(redis_client)
     assert nack(s, k, [(b"r1:1", 1000), (b"r2:1", 90_000)],
-                [(b"d1:1", rec1), (b"d2:1", rec2)]) == 0
+                [(b"d1:1", rec1), (b"d2:1", rec2)]) == []
 
     delayed = dict(redis_client.zrange(k.delayed, 0, -1, withscores=True))
     assert set(delayed) == {jobs[0], jobs[1]}
@@ -121,12 +122,12 @@ def test_retries_and_dead_in_one_call_are_routed_by_position(redis_client, s, k)
     assert redis_client.exists(k.reserved, k.inflight) == 0
 
 
-def test_stale_leases_are_skipped_and_counted(redis_client, s, k, namespace):
+def test_stale_leases_are_skipped_and_reported(redis_client, s, k, namespace):
     (job,) = popped(redis_client, s, k, "s")
     deadline = redis_client.zscore(k.reserved, b"s:1")
     rec = codec.encode_dead_record("s", "error", job)
     # wrong attempt for a retry and for a dead-letter, and an unknown job
-    assert nack(s, k, [(b"s:2", 1000), (b"nobody:1", 1000)], [(b"s:7", rec)]) == 3
+    assert nack(s, k, [(b"s:2", 1000), (b"nobody:1", 1000)], [(b"s:7", rec)]) == [1, 2, 3]
 
     assert redis_client.zrange(k.reserved, 0, -1, withscores=True) == [(b"s:1", deadline)]
     assert redis_client.hgetall(k.inflight) == {b"s": job}
@@ -139,14 +140,25 @@ def test_stale_lease_after_reap_and_repop_does_not_touch_the_new_run(redis_clien
     (second,) = pop(s, k, 1)
     assert second == with_attempt(entry("j"), 2)
 
-    assert nack(s, k, [(b"j:1", 1000)], []) == 1
+    assert nack(s, k, [(b"j:1", 1000)], []) == [1]
     assert redis_client.exists(k.delayed) == 0
     assert redis_client.zrange(k.reserved, 0, -1) == [b"j:2"]
     assert redis_client.hgetall(k.inflight) == {b"j": second}
 
 
-def test_nack_twice_counts_the_second_as_stale(redis_client, s, k):
+def test_nack_twice_reports_the_second_as_stale(redis_client, s, k):
     popped(redis_client, s, k, "t")
-    assert nack(s, k, [(b"t:1", 60_000)], []) == 0
-    assert nack(s, k, [(b"t:1", 1)], []) == 1
+    assert nack(s, k, [(b"t:1", 60_000)], []) == []
+    assert nack(s, k, [(b"t:1", 1)], []) == [1]
     assert redis_client.zcard(k.delayed) == 1
+
+
+def test_stale_positions_count_pairs_across_retries_and_dead(redis_client, s, k):
+    jobs = popped(redis_client, s, k, "r", "d")
+    rec = codec.encode_dead_record("d", "error", jobs[1])
+    stale_rec = codec.encode_dead_record("x", "error", b"")
+    got = nack(s, k, [(b"r:1", 1000), (b"r:5", 1000)], [(b"x:1", stale_rec), (b"d:1", rec)])
+    assert got == [2, 3]
+    assert [m for m, _ in redis_client.zrange(k.delayed, 0, -1, withscores=True)] == [jobs[0]]
+    assert redis_client.hgetall(k.dead_jobs) == {b"d": rec}
+    assert redis_client.exists(k.reserved, k.inflight) == 0

@@ -1,4 +1,9 @@
-"""pop.lua: promote due delayed jobs, reap expired leases, pop and reserve by priority."""
+"""pop.lua: promote due delayed jobs, reap expired leases, pop and reserve by priority.
+
+The reply is ``[now, next_due, next_deadline, promoted, reaped, expired, malformed, *jobs]``
+(``expired``: leases dead-lettered as lease_expired; ``malformed``: entries dead-lettered
+as decode_error).
+"""
 
 from __future__ import annotations
 
@@ -51,7 +56,7 @@ def pop(s: SyncScripts, k: QueueKeys, want: int, lease: int = LEASE,
     res: list[Any] = s.pop(
         [k.delayed, k.reserved, k.inflight, k.dead, k.dead_jobs, k.wake, k.paused, *k.ready],
         [want, lease, chunk])
-    return [int(x) for x in res[:6]], list(res[6:])
+    return [int(x) for x in res[:7]], list(res[7:])
 
 
 def reserve(r: redis.Redis, k: QueueKeys, e: bytes, deadline: int) -> bytes:
@@ -128,7 +133,7 @@ def test_want_zero_is_maintenance_only(redis_client, s, k):
     redis_client.rpush(k.ready_for(0), *es)
     meta, jobs = pop(s, k, 0)
     assert jobs == []
-    assert meta[1:] == [-1, -1, 0, 0, 0]
+    assert meta[1:] == [-1, -1, 0, 0, 0, 0]
     assert redis_client.lrange(k.ready_for(0), 0, -1) == es
     assert redis_client.exists(k.reserved, k.inflight, k.wake) == 0
 
@@ -139,7 +144,7 @@ def test_empty_queue_returns_meta_only_and_writes_nothing(redis_client, s, k, na
     after = server_ms(redis_client)
     assert jobs == []
     assert before <= meta[0] <= after
-    assert meta[1:] == [-1, -1, 0, 0, 0]
+    assert meta[1:] == [-1, -1, 0, 0, 0, 0]
     assert ns_keys(redis_client, namespace) == set()
 
 
@@ -180,7 +185,7 @@ def test_promotes_only_due_jobs_to_the_tail_of_their_level(redis_client, s, k):
 
     meta, jobs = pop(s, k, 0)
     assert jobs == []
-    assert meta[3:] == [1 + 1, 0, 0]
+    assert meta[3:] == [2, 0, 0, 0]
     assert meta[1] == now + 600_000  # next_due: the job still waiting
     assert redis_client.lrange(k.ready_for(7), 0, -1) == [waiting, due_hi]
     assert redis_client.lrange(k.ready_for(2), 0, -1) == [due_lo]
@@ -224,23 +229,20 @@ def test_promotion_moves_at_most_chunk_jobs_per_call_earliest_first(redis_client
 
 
 def test_reaper_returns_expired_lease_to_the_head_with_attempt_kept(redis_client, s, k):
-    queued = entry("queued", prio=4)
-    redis_client.rpush(k.ready_for(4), queued)
     job = entry("expired", prio=4, max_attempts=3)
     redis_client.rpush(k.ready_for(4), job)
-    # a real pop reserves the job... (the queued one is popped too; put it back)
-    _, jobs = pop(s, k, 2)
-    assert jobs == [with_attempt(queued, 1), with_attempt(job, 1)]
-    redis_client.zrem(k.reserved, b"queued:1")
-    redis_client.hdel(k.inflight, "queued")
+    # a real pop reserves the job, another job arrives meanwhile...
+    _, jobs = pop(s, k, 1)
+    assert jobs == [with_attempt(job, 1)]
+    queued = entry("queued", prio=4)
     redis_client.rpush(k.ready_for(4), queued)
-    # ...and its worker dies: the deadline passes
+    # ...and the worker dies: the deadline passes
     redis_client.zadd(k.reserved, {b"expired:1": 1}, xx=True)
     redis_client.delete(k.wake)
 
     meta, jobs = pop(s, k, 0)
     assert jobs == []
-    assert meta[3:] == [0, 1, 0]
+    assert meta[3:] == [0, 1, 0, 0]
     assert meta[2] == -1
     assert redis_client.lrange(k.ready_for(4), 0, -1) == [with_attempt(job, 1), queued]
     assert redis_client.exists(k.reserved, k.inflight, k.dead, k.dead_jobs) == 0
@@ -270,7 +272,7 @@ def test_reaper_dead_letters_when_attempts_are_used_up(redis_client, s, k):
     meta, jobs = pop(s, k, 0)
     after = server_ms(redis_client)
     assert jobs == []
-    assert meta[3:] == [0, 0, 1]
+    assert meta[3:] == [0, 0, 1, 0]
     assert meta[2] > after  # next_deadline: the live lease
     assert redis_client.zrange(k.reserved, 0, -1) == [keep_member]
     assert redis_client.hgetall(k.inflight) == {b"alive": keep}
@@ -309,7 +311,7 @@ def test_reaper_drops_a_reservation_without_inflight_entry(redis_client, s, k, n
     redis_client.zadd(k.reserved, {b"ghost:1": 1})
     meta, jobs = pop(s, k, 5)
     assert jobs == []
-    assert meta[3:] == [0, 0, 0]
+    assert meta[3:] == [0, 0, 0, 0]
     assert ns_keys(redis_client, namespace) == set()
 
 
@@ -333,7 +335,7 @@ def test_live_leases_are_not_reaped(redis_client, s, k):
     e = entry("live", attempt=1)
     m = reserve(redis_client, k, e, deadline=now + 60_000)
     meta, _ = pop(s, k, 0)
-    assert meta[3:] == [0, 0, 0]
+    assert meta[3:] == [0, 0, 0, 0]
     assert meta[2] == now + 60_000
     assert redis_client.zrange(k.reserved, 0, -1) == [m]
     assert redis_client.hgetall(k.inflight) == {b"live": e}
@@ -354,7 +356,7 @@ def test_paused_queue_promotes_and_reaps_but_pops_nothing(redis_client, s, k):
 
     meta, jobs = pop(s, k, 10)
     assert jobs == []
-    assert meta[1:] == [-1, -1, 1, 1, 0]
+    assert meta[1:] == [-1, -1, 1, 1, 0, 0]
     assert redis_client.lrange(k.ready_for(0), 0, -1) == [reaped, ready, due]
     assert redis_client.exists(k.reserved, k.inflight, k.delayed) == 0
     assert redis_client.get(k.paused) == b"1"
@@ -375,7 +377,7 @@ def test_malformed_entry_is_dead_lettered_as_decode_error(redis_client, s, k):
     meta, jobs = pop(s, k, 10)
     after = server_ms(redis_client)
     assert jobs == [with_attempt(good1, 1), with_attempt(good2, 1)]
-    assert meta[5] == 1
+    assert meta[5:] == [0, 1]  # malformed, not expired
     assert redis_client.llen(k.ready_for(0)) == 0
     assert redis_client.zrange(k.reserved, 0, -1) == [b"g1:1", b"g2:1"]
 
@@ -398,7 +400,7 @@ def test_bad_headers_are_dead_lettered(redis_client, s, k, bad):
     redis_client.rpush(k.ready_for(0), bad)
     meta, jobs = pop(s, k, 1)
     assert jobs == []
-    assert meta[5] == 1
+    assert meta[5:] == [0, 1]
     assert redis_client.exists(k.reserved, k.inflight) == 0
     (dead_id,) = redis_client.zrange(k.dead, 0, -1)
     rec = codec.decode_dead_record(redis_client.hget(k.dead_jobs, dead_id))
@@ -419,4 +421,4 @@ def test_meta_reports_next_due_and_next_deadline(redis_client, s, k):
     assert before <= meta[0] <= after
     assert meta[1] == now + 20_000
     assert meta[2] == meta[0] + 7_000
-    assert meta[3:] == [0, 0, 0]
+    assert meta[3:] == [0, 0, 0, 0]

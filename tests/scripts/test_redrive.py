@@ -35,14 +35,18 @@ def pop(s: SyncScripts, k: QueueKeys, want: int) -> list[bytes]:
     res: list[Any] = s.pop(
         [k.delayed, k.reserved, k.inflight, k.dead, k.dead_jobs, k.wake, k.paused, *k.ready],
         [want, 30_000, 100])
-    return list(res[6:])
+    return list(res[7:])
 
 
 def redrive(s: SyncScripts, k: QueueKeys, pairs: list[tuple[str, bytes]]) -> int:
     args: list[Any] = []
     for jid, e in pairs:
         args += [jid, e]
-    return int(s.redrive([k.dead, k.dead_jobs, k.wake, *k.ready], args))
+    return int(s.redrive([k.dead, k.dead_jobs, k.wake, *k.ready, k.stats], args))
+
+
+def enqueued(r: redis.Redis, k: QueueKeys) -> int:
+    return int(r.hget(k.stats, "enqueued") or 0)
 
 
 def kill(r: redis.Redis, s: SyncScripts, k: QueueKeys, jid: str, prio: int = 0) -> bytes:
@@ -51,7 +55,7 @@ def kill(r: redis.Redis, s: SyncScripts, k: QueueKeys, jid: str, prio: int = 0) 
     (job,) = pop(s, k, 1)
     rec = codec.encode_dead_record(jid, "error", job, error_message="boom")
     assert s.nack([k.reserved, k.inflight, k.delayed, k.dead, k.dead_jobs],
-                  [0, f"{jid}:1", rec]) == 0
+                  [0, f"{jid}:1", rec]) == []
     r.delete(k.wake)
     return job
 
@@ -65,7 +69,10 @@ def test_redrive_moves_dead_jobs_back_with_fresh_attempts(redis_client, s, k, na
     assert redrive(s, k, [("d", fresh)]) == 1
     assert redis_client.lrange(k.ready_for(0), 0, -1) == [fresh]
     assert redis_client.lrange(k.wake, 0, -1) == [b"1"]
-    assert ns_keys(redis_client, namespace) == {k.ready_for(0).encode(), k.wake.encode()}
+    # a redriven job counts as enqueued again
+    assert redis_client.hgetall(k.stats) == {b"enqueued": b"1"}
+    assert ns_keys(redis_client, namespace) == {
+        k.ready_for(0).encode(), k.wake.encode(), k.stats.encode()}
     # and it runs again as attempt 1
     assert pop(s, k, 1)[0].split(b":", 2)[1] == b"1"
 
@@ -77,6 +84,7 @@ def test_second_redrive_of_the_same_ids_moves_nothing(redis_client, s, k):
     assert redrive(s, k, [("once", fresh)]) == 0
     assert redis_client.lrange(k.ready_for(0), 0, -1) == [fresh]
     assert redis_client.exists(k.wake) == 0
+    assert enqueued(redis_client, k) == 1
 
 
 def test_redrive_appends_to_the_tail_of_the_jobs_level(redis_client, s, k):
@@ -99,6 +107,7 @@ def test_only_ids_still_dead_are_moved(redis_client, s, k):
     assert redrive(s, k, [("a", a), ("b", b), ("c", c), ("ghost", entry("ghost"))]) == 2
     assert redis_client.lrange(k.ready_for(0), 0, -1) == [a, c]
     assert redis_client.exists(k.dead, k.dead_jobs) == 0
+    assert enqueued(redis_client, k) == 2
 
 
 def test_other_dead_jobs_stay(redis_client, s, k):

@@ -41,7 +41,7 @@ def pop(s: SyncScripts, k: QueueKeys, want: int, lease: int = 30_000) -> list[by
     res: list[Any] = s.pop(
         [k.delayed, k.reserved, k.inflight, k.dead, k.dead_jobs, k.wake, k.paused, *k.ready],
         [want, lease, 100])
-    return list(res[6:])
+    return list(res[7:])
 
 
 def release(s: SyncScripts, k: QueueKeys, leases: list[bytes]) -> int:

@@ -42,8 +42,12 @@ def s(redis_client: redis.Redis) -> SyncScripts:
 
 def schedule(s: SyncScripts, k: QueueKeys, kind: str, when: int, entries: list[bytes],
              prio: int = 0, check: bool = False) -> int:
-    return int(s.schedule([k.delayed, k.wake, k.inflight, k.ready_for(prio)],
+    return int(s.schedule([k.delayed, k.wake, k.inflight, k.ready_for(prio), k.stats],
                           ["1" if check else "0", kind, when, *entries]))
+
+
+def enqueued(r: redis.Redis, k: QueueKeys) -> int:
+    return int(r.hget(k.stats, "enqueued") or 0)
 
 
 def delayed(r: redis.Redis, k: QueueKeys) -> dict[bytes, float]:
@@ -58,8 +62,10 @@ def test_rel_due_time_is_server_now_plus_delay(redis_client, s, k, namespace):
     assert before + 5000 <= due <= after + 5000
     assert delayed(redis_client, k) == {e: float(due) for e in es}
     assert redis_client.lrange(k.wake, 0, -1) == [b"1"]
+    assert redis_client.hgetall(k.stats) == {b"enqueued": b"3"}
     # nothing went to a ready list
-    assert ns_keys(redis_client, namespace) == {k.delayed.encode(), k.wake.encode()}
+    assert ns_keys(redis_client, namespace) == {
+        k.delayed.encode(), k.wake.encode(), k.stats.encode()}
 
 
 def test_rel_zero_delay_is_server_now(redis_client, s, k):
@@ -102,6 +108,7 @@ def test_check_mode_writes_when_first_job_is_nowhere(redis_client, s, k):
     assert schedule(s, k, "abs", when, es, check=True) == when
     assert delayed(redis_client, k) == {entry("other"): 5.0, es[0]: when, es[1]: when}
     assert redis_client.lrange(k.wake, 0, -1) == [b"1"]
+    assert enqueued(redis_client, k) == 2
 
 
 def test_check_mode_rel_computes_due_from_server_time(redis_client, s, k):
@@ -117,9 +124,10 @@ def test_check_mode_minus_one_when_first_job_is_already_delayed(redis_client, s,
     due = schedule(s, k, "rel", 60_000, es)
     redis_client.delete(k.wake)
     assert schedule(s, k, "rel", 90_000, es, check=True) == -1
-    # untouched: same members, same (first) due time, no wake token
+    # untouched: same members, same (first) due time, no wake token, no count
     assert delayed(redis_client, k) == {es[0]: float(due), es[1]: float(due)}
-    assert ns_keys(redis_client, namespace) == {k.delayed.encode()}
+    assert ns_keys(redis_client, namespace) == {k.delayed.encode(), k.stats.encode()}
+    assert enqueued(redis_client, k) == 2
 
 
 def test_check_mode_minus_one_when_first_job_is_running(redis_client, s, k, namespace):

@@ -367,7 +367,10 @@ def test_header_documents_keys_argv_and_return(path):
 
 @pytest.mark.parametrize("name", scripts.NAMES)
 def test_script_takes_every_key_from_keys(name):
-    assert key_violations(scripts.source(name)) == []
+    src = scripts.source(name)
+    # not vacuous: the script's own top-level code does call Redis with keys
+    assert any(u.func is None for u in analyse(src).key_uses)
+    assert key_violations(src) == []
 
 
 def test_library_helpers_take_keys_as_parameters():

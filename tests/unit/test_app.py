@@ -1,0 +1,278 @@
+"""batchq.App: task registration, validation, options(), repr, queues().
+
+Everything here runs without Redis except the tests that take ``redis_url``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+
+from batchq import App, Task, TaskCall, codec
+from batchq.producer import EnqueueOptions
+
+NOWHERE = "redis://127.0.0.1:1/0"  # never connected to: App is lazy
+
+
+@pytest.fixture
+def app() -> App:
+    return App(NOWHERE, namespace="unit")
+
+
+# --- registration ----------------------------------------------------------------------
+
+
+def test_bare_decorator_registers_with_defaults(app):
+    @app.task
+    def send(x: int) -> int:
+        """Double it."""
+        return x * 2
+
+    assert isinstance(send, Task)
+    assert app.tasks == {"send": send}
+    c = send.config
+    assert (c.name, c.queue, c.priority, c.max_attempts, c.timeout_s, c.batch_size) == (
+        "send", "default", 0, 3, None, None)
+    assert (c.retry_backoff_s, c.retry_backoff_max_s) == (1.0, 300.0)
+    assert send.name == "send"
+    assert send.queue == "default"
+    assert not send.is_async
+    assert not send.is_batch
+
+
+def test_decorator_with_options(app):
+    @app.task(name="mail.send", queue="emails", priority=7, max_attempts=5, timeout_s=2.5,
+              retry_backoff_s=0.5, retry_backoff_max_s=10.0)
+    def send(to: str) -> str:
+        return to
+
+    assert app.tasks == {"mail.send": send}
+    c = send.config
+    assert (c.name, c.queue, c.priority, c.max_attempts, c.timeout_s) == (
+        "mail.send", "emails", 7, 5, 2.5)
+    assert (c.retry_backoff_s, c.retry_backoff_max_s) == (0.5, 10.0)
+    assert send.name == "mail.send"
+    assert send.__name__ == "send"
+
+
+def test_task_stays_callable_and_keeps_its_identity(app):
+    def add(a: int, b: int = 1) -> int:
+        """Add two numbers."""
+        return a + b
+
+    t = app.task(add)
+    assert t(2) == 3
+    assert t(2, b=5) == 7
+    assert t.__name__ == "add"
+    assert t.__doc__ == "Add two numbers."
+    assert t.__wrapped__ is add
+    assert t.fn is add
+    assert repr(t) == "<Task add queue=default>"
+
+
+def test_async_task_is_detected_and_callable(app):
+    @app.task(queue="io")
+    async def fetch(x: int) -> int:
+        await asyncio.sleep(0)
+        return x + 1
+
+    assert fetch.is_async
+    assert asyncio.run(fetch(1)) == 2
+
+
+def test_batch_task(app):
+    @app.task(batch_size=50)
+    def many(jobs: list[codec.Job]) -> None:
+        return None
+
+    assert many.is_batch
+    assert many.config.batch_size == 50
+
+
+def test_duplicate_names_are_rejected(app):
+    @app.task
+    def job() -> str:
+        return "first"
+
+    with pytest.raises(ValueError, match="already registered"):
+        @app.task
+        def job() -> str:
+            return "second"
+
+    def other() -> None: ...
+
+    with pytest.raises(ValueError, match="already registered"):
+        app.task(name="job")(other)
+    assert app.tasks["job"]() == "first"
+    assert list(app.tasks) == ["job"]
+
+
+@pytest.mark.parametrize("options", [
+    {"priority": -1},
+    {"priority": 10},
+    {"max_attempts": 0},
+    {"max_attempts": -3},
+    {"batch_size": 0},
+    {"batch_size": 1001},
+    {"timeout_s": 0},
+    {"timeout_s": -1.0},
+    {"name": "bad:name"},
+    {"queue": "bad:queue"},
+    {"queue": "bad{queue}"},
+    {"queue": ""},
+])
+def test_invalid_options_are_rejected_and_nothing_is_registered(app, options):
+    def f() -> None: ...
+
+    with pytest.raises(ValueError):
+        app.task(**options)(f)
+    assert app.tasks == {}
+
+
+def test_batch_size_bounds_are_inclusive(app):
+    assert app.task(batch_size=1, name="one")(lambda jobs: None).config.batch_size == 1
+    assert app.task(batch_size=1000, name="max")(lambda jobs: None).config.batch_size == 1000
+
+
+@pytest.mark.parametrize("namespace", ["", "a:b", "a{b", "a b"])
+def test_invalid_namespace_is_rejected(namespace):
+    with pytest.raises(ValueError, match="invalid namespace"):
+        App(NOWHERE, namespace=namespace)
+
+
+def test_queues_in_registration_order_without_duplicates(app):
+    assert app.queues() == []
+    app.task(name="a", queue="emails")(lambda: None)
+    app.task(name="b")(lambda: None)
+    app.task(name="c", queue="emails")(lambda: None)
+    app.task(name="d", queue="sms")(lambda: None)
+    assert app.queues() == ["emails", "default", "sms"]
+
+
+# --- options() -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def task(app: App) -> Task:
+    @app.task(queue="q1", priority=2, max_attempts=4)
+    def work(x: int) -> int:
+        return x
+
+    return work
+
+
+def test_options_returns_a_view_and_leaves_the_task_alone(task):
+    view = task.options(priority=9)
+    assert isinstance(view, TaskCall)
+    assert view._opts == EnqueueOptions(priority=9)
+    assert task._opts == EnqueueOptions()
+    assert task.config.priority == 2
+
+
+def test_options_merge_later_wins_and_unset_fields_are_kept(task):
+    view = task.options(queue="q2", priority=3).options(priority=8, max_attempts=9)
+    assert view._opts == EnqueueOptions(queue="q2", priority=8, max_attempts=9)
+
+
+def test_delay_then_eta_keeps_only_eta(task):
+    view = task.options(delay_s=30).options(eta=1_900_000_000.0)
+    assert view._opts.eta == 1_900_000_000.0
+    assert view._opts.delay_s is None
+
+
+def test_eta_then_delay_keeps_only_delay(task):
+    when = datetime(2030, 1, 1, tzinfo=UTC)
+    view = task.options(eta=when).options(delay_s=5)
+    assert view._opts.delay_s == 5
+    assert view._opts.eta is None
+
+
+def test_delay_and_eta_together_are_rejected(task):
+    with pytest.raises(ValueError, match="not both"):
+        task.options(delay_s=1, eta=1_900_000_000.0)
+
+
+@pytest.mark.parametrize("options", [{"priority": 10}, {"priority": -1}, {"max_attempts": 0},
+                                     {"delay_s": -0.5}])
+def test_invalid_enqueue_options_are_rejected(task, options):
+    with pytest.raises(ValueError):
+        task.options(**options)
+
+
+def test_options_resolve_against_the_task_defaults(task):
+    p = task._plan()
+    assert (p.keys.queue, p.head, p.due, p.task) == ("q1", codec.header(2, 4), None, "work")
+    p = task.options(queue="q2", priority=7, max_attempts=1, delay_s=1.5)._plan()
+    assert (p.keys.queue, p.head, p.due) == ("q2", b"7:0:1:", ("rel", 1500))
+    p = task.options(eta=datetime(2030, 1, 1, tzinfo=UTC))._plan()
+    assert p.due == ("abs", 1_893_456_000_000)
+    p = task.options(delay_s=0)._plan()
+    assert p.due is None  # no delay: straight to ready
+
+
+# --- repr ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("redis://user:secret@host:6379/0", "redis://user:***@host:6379/0"),
+    ("redis://:secret@host:6379/0", "redis://:***@host:6379/0"),
+    ("rediss://user:secret@cache.example.com:6380/2", "rediss://user:***@cache.example.com:6380/2"),
+    ("redis://host:6379/0", "redis://host:6379/0"),
+])
+def test_app_repr_hides_the_password(url, shown):
+    app = App(url, namespace="ns")
+    assert repr(app) == f"App(redis_url={shown!r}, namespace='ns')"
+    assert "secret" not in repr(app)
+    assert "secret" not in repr(app.redis_settings)
+    assert app.redis_url == url  # the real URL is still used to connect
+
+
+def test_app_repr_hides_a_password_given_in_the_query_string():
+    # redis-py reads ?password=... (parse_url passes it to the connection)
+    app = App("redis://host:6379/0?password=secret", namespace="ns")
+    assert "secret" not in repr(app)
+
+
+def test_app_repr_of_an_ipv6_url_is_still_a_valid_url():
+    app = App("redis://user:secret@[::1]:6379/0", namespace="ns")
+    shown = repr(app).split("'")[1]
+    assert "secret" not in shown
+    parts = urlsplit(shown)
+    assert (parts.hostname, parts.port) == ("::1", 6379)
+
+
+# --- with Redis ------------------------------------------------------------------------
+
+
+def test_options_take_effect_on_enqueue(redis_url, namespace):
+    app = App(redis_url, namespace=namespace)
+    r = redis.Redis.from_url(redis_url)
+    try:
+        @app.task(queue="main", priority=1, max_attempts=2)
+        def work(x: int) -> int:
+            return x
+
+        jid = work.options(queue="other", priority=7).enqueue(5)
+        (raw,) = r.lrange(app.keys("other").ready_for(7), 0, -1)
+        job = codec.decode_entry(raw, "other")
+        assert (job.id, job.task, job.args, job.priority, job.max_attempts) == (
+            jid, "work", [5], 7, 2)
+
+        def server_ms() -> int:
+            sec, usec = r.time()
+            return int(sec) * 1000 + int(usec) // 1000
+
+        before = server_ms()
+        work.options(delay_s=60).enqueue(6)
+        after = server_ms()
+        ((raw, due),) = r.zrange(app.keys("main").delayed, 0, -1, withscores=True)
+        assert codec.decode_entry(raw, "main").args == [6]
+        assert before + 60_000 <= due <= after + 60_000
+        assert r.smembers(f"{namespace}:queues") == {b"main", b"other"}
+    finally:
+        r.close()
+        app.close()
