@@ -6,7 +6,7 @@ BIN = $(VENV)/bin
 PYTEST_ARGS ?=
 LINT_PATHS = batchq tests $(wildcard bench)
 
-.PHONY: install lint test demo clean
+.PHONY: install lint test demo clean tools
 
 install: $(VENV)/.installed
 
@@ -22,7 +22,23 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/mypy --strict batchq
 
-test: lint
+# promtool + prometheus (Debian package `prometheus`) for tests/ops. Installed only when
+# missing and possible (apt-get, as root or with password-less sudo); never fails the
+# build: without them the promtool and live-Prometheus tests skip.
+tools:
+	@if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1; then \
+	  :; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO="sudo -n"; \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1 \
+	  || { $$SUDO apt-get update >/dev/null 2>&1 && \
+	       $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1; } \
+	  || echo "make tools: could not install prometheus; tests/ops promtool/live tests will skip" >&2; \
+	else \
+	  echo "make tools: no apt-get; install promtool and prometheus to run all of tests/ops" >&2; \
+	fi
+
+test: lint tools
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 demo: $(VENV)/.installed

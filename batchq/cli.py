@@ -186,7 +186,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not health.reachable:
         log.error("%s", health.reason)
         return EXIT_REDIS
-    if not health.ok:
+    if not health.ok or health.eviction_policy is None:
         log.warning("%s", health.reason)
     if not args.processes:
         if args.metrics_port and not args.no_metrics:

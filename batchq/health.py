@@ -22,7 +22,10 @@ class Health:
 
     @property
     def ok(self) -> bool:
-        return self.reachable and self.eviction_policy in SAFE_POLICIES
+        """Reachable, and the eviction policy is not known to drop keys (a managed Redis
+        that hides CONFIG passes, with a warning in ``reason``)."""
+        return self.reachable and (self.eviction_policy is None
+                                   or self.eviction_policy in SAFE_POLICIES)
 
 
 def check(settings: RedisSettings) -> Health:

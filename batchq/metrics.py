@@ -116,6 +116,16 @@ class Recorder:
         self._g_concurrency = Gauge("batchq_worker_concurrency", "Configured concurrency of "
                                     "live worker processes", multiprocess_mode="livesum")
 
+    def declare(self, pairs: list[tuple[str, str]]) -> None:
+        """Create every (queue, task) series at 0, so that ``increase()`` and ``rate()``
+        see the first job too (a series born at 1 hides its first increment)."""
+        for q, t in pairs:
+            for c in (self._c_started, self._c_succeeded, self._c_retried):
+                c.labels(q, t)
+            for reason in ("failed", "timeout"):
+                self._c_failed.labels(q, t, reason)
+                self._c_dead.labels(q, t, reason)
+
     def set_concurrency(self, n: int) -> None:
         self._g_concurrency.set(n)
 
@@ -222,8 +232,8 @@ class QueueCollector:
             for head in heads:
                 if head:
                     with contextlib.suppress(codec.DecodeError):
-                        enq_ms = codec.decode_entry(head, name).enqueued_ms
-                        oldest = max(oldest, now_s - enq_ms / 1000)
+                        ready_ms = codec.decode_entry(head, name).ready_ms
+                        oldest = max(oldest, now_s - ready_ms / 1000)
             age.add_metric([name], oldest)
             due_lag = 0.0
             if first_due:

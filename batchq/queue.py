@@ -17,8 +17,8 @@ PAGE = 500
 
 @dataclass(frozen=True)
 class QueueStats:
-    """Job counts of one queue by state; ``oldest_age_s`` is the age of the oldest ready
-    job (0 when none is waiting)."""
+    """Job counts of one queue by state; ``oldest_age_s`` is how long the oldest ready job
+    has been waiting since it was enqueued (or came due), 0 when none is waiting."""
 
     ready: int
     delayed: int
@@ -90,7 +90,7 @@ class Queue:
         for head in heads:
             if head:
                 try:
-                    enq = codec.decode_entry(head, self.name).enqueued_ms
+                    enq = codec.decode_entry(head, self.name).ready_ms
                 except codec.DecodeError:
                     continue
                 oldest = max(oldest, (now_ms - enq) / 1000)

@@ -31,7 +31,7 @@ import random
 import signal
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -213,6 +213,9 @@ class Worker:
 
             self._m = Recorder()
             self._m.set_concurrency(s.concurrency)
+            served = {k.queue for k in self.queues}
+            self._m.declare([(t.config.queue, name) for name, t in self._tasks.items()
+                             if t.config.queue in served])
         if s.install_signal_handlers:
             self._install_signals()
         await self._startup()
@@ -575,13 +578,7 @@ class Worker:
             if timeout is None:
                 await task.fn(*job.args, **job.kwargs)
             else:
-                async with asyncio.timeout(timeout) as cm:
-                    try:
-                        await task.fn(*job.args, **job.kwargs)
-                    except TimeoutError:
-                        if not cm.expired():
-                            raise
-                        raise _JobTimeout(f"{job.task} ran longer than {timeout}s") from None
+                await _with_timeout(task.fn(*job.args, **job.kwargs), timeout, job.task)
         except asyncio.CancelledError:
             self._interrupted.append(job)
             raise
@@ -647,13 +644,7 @@ class Worker:
         timeout = task.config.timeout_s
         try:
             if task.is_async:
-                async with asyncio.timeout(timeout) as cm:
-                    try:
-                        result = await task.fn(jobs)
-                    except TimeoutError:
-                        if not cm.expired():
-                            raise
-                        raise _JobTimeout(f"{task.name} batch ran longer than {timeout}s") from None
+                result = await _with_timeout(task.fn(jobs), timeout, f"{task.name} batch")
             else:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(self.settings.concurrency,
@@ -719,7 +710,9 @@ class Worker:
             job.id, reason, job.raw, error_type=type(exc).__name__, error_message=str(exc),
             traceback="".join(traceback.format_exception(exc)),
         )
-        self._settle(job).dead.append((job.lease, record, job.task, reason))
+        # an unregistered name is not a metrics label: producers must not mint series
+        label = job.task if job.task in self._tasks else ""
+        self._settle(job).dead.append((job.lease, record, label, reason))
         self._count_dead(reason)
 
     def _bury_raw(self, queue: str, raw: bytes, reason: str, exc: BaseException) -> None:
@@ -895,6 +888,21 @@ class Worker:
 
 class _JobTimeout(Exception):
     """A handler ran past its task's ``timeout_s``."""
+
+
+async def _with_timeout(coro: Awaitable[Any], timeout_s: float | None, what: str) -> Any:
+    """Await ``coro``, cancelling it after ``timeout_s``; the expiry raises
+    ``_JobTimeout``, while a ``TimeoutError`` raised by the handler itself stays one."""
+    if timeout_s is None:
+        return await coro
+    cm = asyncio.timeout(timeout_s)
+    try:
+        async with cm:
+            return await coro
+    except TimeoutError:
+        if not cm.expired():
+            raise
+        raise _JobTimeout(f"{what} ran longer than {timeout_s}s") from None
 
 
 class JobFailed(Exception):

@@ -1,0 +1,290 @@
+"""Open-loop load generation and latency histograms.
+
+The engine sends job ``i`` at its *intended* time ``start + i / rate``, computed from the
+schedule and never from when the previous send returned. A producer that stalls does
+not slow the schedule down: the jobs that fell due meanwhile go out together as soon as
+it can send again, and each keeps its intended time. Latencies measured from the
+intended time therefore include the stall (no coordinated omission), and the lateness
+of every send (actual minus intended) is recorded on its own.
+
+``Histogram`` is an HDR-style log-linear histogram: exact below 256 µs, then 128 linear
+sub-buckets per power of two (relative error below 0.8 %), sparse, mergeable and
+serialisable, so millions of samples cost a few kilobytes.
+
+This module imports nothing outside the standard library at module level: the benchmark
+harness loads it by path into other interpreters (the peer queues' virtualenvs) that
+do not have batchq installed. ``batchq bench load`` (``batchq.cli_bench``) drives it
+against a user's own task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "PERCENTILES",
+    "Histogram",
+    "LoadState",
+    "aopen_loop",
+    "open_loop",
+    "percentile_keys",
+]
+
+PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
+"""The percentiles every latency report shows, followed by the maximum."""
+
+_SUB_BITS = 7
+_SUB = 1 << _SUB_BITS  # linear sub-buckets per power of two
+_EXACT = 2 * _SUB  # values below this (in µs) have a bucket each
+
+
+def percentile_keys() -> list[str]:
+    """Column names of a latency report: ``p50``, ``p90``, ``p99``, ``p99.9``, ``max``."""
+    return [f"p{p:g}" for p in PERCENTILES] + ["max"]
+
+
+def _index(us: int) -> int:
+    if us < _EXACT:
+        return us
+    shift = us.bit_length() - _SUB_BITS - 1
+    return shift * _SUB + (us >> shift)
+
+
+def _bounds(index: int) -> tuple[int, int]:
+    """The lowest and highest value (µs) that fall in bucket ``index``."""
+    if index < _EXACT:
+        return index, index
+    shift = index // _SUB - 1
+    m = index - shift * _SUB
+    return m << shift, ((m + 1) << shift) - 1
+
+
+class Histogram:
+    """Log-linear histogram of durations, recorded in seconds, stored in microseconds.
+
+    Negative inputs (clock skew between processes) count as zero. Percentiles report
+    the upper bound of the bucket that holds them, clamped to the exact maximum, so a
+    reported value is never below the true one by more than the bucket width.
+    """
+
+    __slots__ = ("count", "counts", "max_us", "min_us", "sum_us")
+
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}
+        self.count = 0
+        self.min_us = 0
+        self.max_us = 0
+        self.sum_us = 0
+
+    def record(self, value_s: float, n: int = 1) -> None:
+        us = max(0, round(value_s * 1e6))
+        i = _index(us)
+        self.counts[i] = self.counts.get(i, 0) + n
+        if self.count == 0 or us < self.min_us:
+            self.min_us = us
+        if us > self.max_us:
+            self.max_us = us
+        self.count += n
+        self.sum_us += us * n
+
+    def record_many(self, values_s: Iterable[float]) -> None:
+        for v in values_s:
+            self.record(v)
+
+    def merge(self, other: Histogram) -> None:
+        if other.count == 0:
+            return
+        for i, c in other.counts.items():
+            self.counts[i] = self.counts.get(i, 0) + c
+        if self.count == 0 or other.min_us < self.min_us:
+            self.min_us = other.min_us
+        self.max_us = max(self.max_us, other.max_us)
+        self.count += other.count
+        self.sum_us += other.sum_us
+
+    def percentile_s(self, p: float) -> float:
+        """The ``p``-th percentile (0..100) in seconds; 0.0 when empty."""
+        if self.count == 0:
+            return 0.0
+        rank = max(1, math.ceil(p / 100.0 * self.count))
+        seen = 0
+        for i in sorted(self.counts):
+            seen += self.counts[i]
+            if seen >= rank:
+                hi = _bounds(i)[1]
+                return min(max(hi, self.min_us), self.max_us) / 1e6
+        return self.max_us / 1e6
+
+    @property
+    def max_s(self) -> float:
+        return self.max_us / 1e6
+
+    @property
+    def mean_s(self) -> float:
+        return self.sum_us / self.count / 1e6 if self.count else 0.0
+
+    def summary_ms(self) -> dict[str, float]:
+        """``{"p50": ms, ..., "max": ms}`` (see ``percentile_keys``)."""
+        out = {f"p{p:g}": self.percentile_s(p) * 1000 for p in PERCENTILES}
+        out["max"] = self.max_s * 1000
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "min_us": self.min_us, "max_us": self.max_us,
+                "sum_us": self.sum_us, "buckets": {str(i): c for i, c in self.counts.items()}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Histogram:
+        h = cls()
+        h.count = int(data["count"])
+        h.min_us = int(data["min_us"])
+        h.max_us = int(data["max_us"])
+        h.sum_us = int(data["sum_us"])
+        h.counts = {int(i): int(c) for i, c in data["buckets"].items()}
+        return h
+
+
+@dataclass
+class LoadState:
+    """What an open-loop run has done so far; read live by progress displays."""
+
+    rate: float
+    duration_s: float
+    start_s: float = 0.0
+    """Wall-clock time (``time.time()``) of the first intended send."""
+    total: int = 0
+    sent: int = 0
+    errors: int = 0
+    first_error: str = ""
+    last_send_s: float = 0.0
+    lateness: Histogram = field(default_factory=Histogram)
+    """Actual minus intended send time of every job sent."""
+    finished: bool = False
+
+    def intended_s(self, i: int) -> float:
+        return self.start_s + i / self.rate
+
+    @property
+    def achieved_rate(self) -> float:
+        """Jobs sent per second, over the schedule's span."""
+        span = max(self.last_send_s - self.start_s, (self.total - 1) / self.rate)
+        return self.sent / span if span > 0 else float(self.sent)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "offered_rate": self.rate,
+            "duration_s": self.duration_s,
+            "scheduled": self.total,
+            "sent": self.sent,
+            "errors": self.errors,
+            "first_error": self.first_error,
+            "achieved_send_rate": self.achieved_rate,
+            "send_lateness_ms": self.lateness.summary_ms(),
+        }
+
+
+def _plan(rate: float, duration_s: float, lead_s: float,
+          clock: Callable[[], float]) -> LoadState:
+    if rate <= 0 or duration_s <= 0:
+        raise ValueError("rate and duration must be positive")
+    st = LoadState(rate=rate, duration_s=duration_s)
+    st.total = max(1, int(rate * duration_s))
+    st.start_s = clock() + lead_s
+    return st
+
+
+def _due(st: LoadState, now: float, max_batch: int) -> int:
+    """How many of the next jobs are due at ``now`` (at most ``max_batch``)."""
+    due = min(st.total, math.floor((now - st.start_s) * st.rate) + 1)
+    return max(0, min(due - st.sent - st.errors, max_batch))
+
+
+def _account(st: LoadState, intended: Sequence[float], sent_at: float,
+             exc: BaseException | None) -> None:
+    if exc is None:
+        for t in intended:
+            st.lateness.record(sent_at - t)
+        st.sent += len(intended)
+        st.last_send_s = sent_at
+    else:
+        st.errors += len(intended)
+        if not st.first_error:
+            st.first_error = f"{type(exc).__name__}: {exc}"
+
+
+async def aopen_loop(
+    send: Callable[[list[float], float], Awaitable[object]],
+    rate: float,
+    duration_s: float,
+    *,
+    max_batch: int = 1000,
+    lead_s: float = 0.05,
+    state: LoadState | None = None,
+    clock: Callable[[], float] = time.time,
+) -> LoadState:
+    """Send ``rate * duration_s`` jobs on an open-loop schedule (asyncio).
+
+    ``send(intended, sent_at)`` writes one job per intended time (Unix seconds) and
+    ``sent_at`` is when this call began. Jobs that fell due while a send was in
+    progress go out together in the next call (at most ``max_batch`` per call). A
+    send that raises counts its jobs as errors; the schedule goes on. Pass ``state``
+    (from ``LoadState``-creating code) to read progress live.
+    """
+    st = _plan(rate, duration_s, lead_s, clock)
+    if state is not None:
+        state.__dict__.update(st.__dict__)
+        st = state
+    while st.sent + st.errors < st.total:
+        now = clock()
+        n = _due(st, now, max_batch)
+        if n == 0:
+            await asyncio.sleep(max(0.0, st.intended_s(st.sent + st.errors) - now))
+            continue
+        first = st.sent + st.errors
+        intended = [st.intended_s(i) for i in range(first, first + n)]
+        try:
+            await send(intended, now)
+        except Exception as exc:
+            _account(st, intended, now, exc)
+        else:
+            _account(st, intended, now, None)
+    st.finished = True
+    return st
+
+
+def open_loop(
+    send: Callable[[list[float], float], object],
+    rate: float,
+    duration_s: float,
+    *,
+    max_batch: int = 1000,
+    lead_s: float = 0.05,
+    state: LoadState | None = None,
+    clock: Callable[[], float] = time.time,
+) -> LoadState:
+    """``aopen_loop`` for a blocking ``send`` (same schedule, same accounting)."""
+    st = _plan(rate, duration_s, lead_s, clock)
+    if state is not None:
+        state.__dict__.update(st.__dict__)
+        st = state
+    while st.sent + st.errors < st.total:
+        now = clock()
+        n = _due(st, now, max_batch)
+        if n == 0:
+            time.sleep(max(0.0, st.intended_s(st.sent + st.errors) - now))
+            continue
+        first = st.sent + st.errors
+        intended = [st.intended_s(i) for i in range(first, first + n)]
+        try:
+            send(intended, now)
+        except Exception as exc:
+            _account(st, intended, now, exc)
+        else:
+            _account(st, intended, now, None)
+    st.finished = True
+    return st
