@@ -41,6 +41,8 @@ POLL_S = 0.2
 """Progress refresh period (the queue's counts are read 5 times a second)."""
 STALL_S = 60.0
 """Give up when the queue has not moved for this long while the worker runs."""
+EXIT_GRACE_S = 15.0
+"""How long a burst worker may keep running once the queue is empty."""
 WORKER_STOP_S = 35.0
 """How long a stopping worker gets (its own --shutdown-timeout is 30 s) before SIGKILL."""
 
@@ -132,19 +134,26 @@ def enqueue(demo: App, n: int, line: Line) -> bool:
     return written == n
 
 
+WORKER_ENV_KEPT = ("BATCHQ_CONCURRENCY", "BATCHQ_FETCH_BATCH", "BATCHQ_LEASE_S",
+                   "BATCHQ_NO_METRICS", "BATCHQ_LOG_FORMAT")
+"""Worker settings a user may tune through the environment; other ``BATCHQ_*`` variables
+(``BATCHQ_PROCESSES``, ``BATCHQ_MAX_JOBS_PER_CHILD``, ...) would change what is measured."""
+
+
 def _worker_env(demo: App) -> dict[str, str]:
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("BATCHQ_") or k in WORKER_ENV_KEPT}
     env["BATCHQ_REDIS_URL"] = demo.redis_url
     env[NAMESPACE_ENV] = demo.namespace
     return env
 
 
-def _stop_worker(proc: subprocess.Popen[bytes]) -> None:
+def _stop_worker(proc: subprocess.Popen[bytes], timeout_s: float = WORKER_STOP_S) -> None:
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(timeout=WORKER_STOP_S)
+            proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -181,10 +190,12 @@ def drain(demo: App, n: int, line: Line, log: IO[bytes]) -> tuple[int | None, Qu
                         f"ready {st.ready:,}  reserved {st.reserved:,}")
             if st.pending != last_pending:
                 last_pending, last_move = st.pending, now
-            elif now - last_move > STALL_S:
-                line.done(f"drain    stalled: nothing moved for {STALL_S:.0f} s "
+            elif now - last_move > (EXIT_GRACE_S if st.pending == 0 else STALL_S):
+                what = ("the worker did not exit although the queue is empty"
+                        if st.pending == 0 else "nothing moved")
+                line.done(f"drain    stalled: {what} for {now - last_move:.0f} s "
                           f"({_counts(st)}); stopping the worker")
-                _stop_worker(proc)
+                _stop_worker(proc, timeout_s=5.0)
                 return None, queue.stats()
         elapsed = time.perf_counter() - start
         st = queue.stats()

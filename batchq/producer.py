@@ -200,6 +200,9 @@ def _with_retry_sync(app: App, p: _Plan, entries: list[bytes]) -> None:
             return
         except _CONN_ERRORS as exc:
             last = exc
+        except redis.ResponseError as exc:  # e.g. OOM: the script did not run
+            raise EnqueueError(f"Redis refused to enqueue {p.task}: {exc}",
+                               written=0) from exc
     raise EnqueueError(f"cannot reach Redis to enqueue {p.task}: {last}", unknown=len(entries)) \
         from last
 
@@ -268,6 +271,9 @@ async def _with_retry_async(app: App, p: _Plan, entries: list[bytes]) -> None:
             return
         except _CONN_ERRORS as exc:
             last = exc
+        except redis.ResponseError as exc:  # e.g. OOM: the script did not run
+            raise EnqueueError(f"Redis refused to enqueue {p.task}: {exc}",
+                               written=0) from exc
     raise EnqueueError(f"cannot reach Redis to enqueue {p.task}: {last}", unknown=len(entries)) \
         from last
 

@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 import redis.asyncio
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.exceptions import RedisClusterException
 
 from . import codec
 from .codec import Job
@@ -68,6 +70,10 @@ REGISTRY_EVERY_S = 5.0
 """How often a worker refreshes its entry in the worker registry."""
 
 _CONN_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
+_REDIS_ERRORS = (*_CONN_ERRORS, redis.RedisError, RedisClusterException)
+"""Any failed Redis call: a lost connection, a refusal (OOM, READONLY, NOPERM), and on a
+cluster ``ClusterError`` ("TTL exhausted": a slot kept answering TRYAGAIN/ASK while it
+migrated) or ``SlotNotCoveredError`` (a stale slot map; not a ``RedisError``)."""
 
 
 @dataclass(frozen=True)
@@ -172,8 +178,11 @@ class Worker:
         self._fast = False
         self._pool: ThreadPoolExecutor | None = None
         self._blpop: asyncio.Task[Any] | None = None
+        self._wake_tasks: dict[str, asyncio.Task[None]] = {}
+        """Cluster mode: one blocking wait per wake list, kept across idle waits."""
         self._idle = False
         self._fetch_paused = False
+        self._closing = False
         self._waking = 0
         self._m: Recorder | None = None
         self.started_at = time.time()
@@ -233,9 +242,15 @@ class Worker:
             self._stopping = True
             self._wake_runners(len(self._idle_runners))
             await self._drain()
-            for t in (extender, flusher, beater, metrics):
+            helpers = (extender, flusher, beater, metrics)
+            self._closing = True
+            for t in helpers:
                 t.cancel()
-            await asyncio.gather(extender, flusher, beater, metrics, return_exceptions=True)
+            # a cancel that lands inside a redis-py call can be swallowed there; never
+            # let a helper loop hold the exit hostage
+            _, stuck = await asyncio.wait(helpers, timeout=2.0)
+            if stuck:
+                log.warning("%d background tasks did not stop; leaving them", len(stuck))
             await self._flush_with_retry(final=True)
             self._publish_metrics()
             await self._close()
@@ -275,12 +290,12 @@ class Worker:
         info_key = worker_info_key(self.app.namespace, self.worker_id)
         every = max(1, round(REGISTRY_EVERY_S / s.heartbeat_interval_s))
         tick = 0
-        while True:
+        while not self._closing:
             if path:
                 with contextlib.suppress(OSError):
                     os.utime(path)
             if tick % every == 0:
-                with contextlib.suppress(*_CONN_ERRORS):
+                with contextlib.suppress(*_REDIS_ERRORS):
                     await self._publish(info_key)
             tick += 1
             await asyncio.sleep(s.heartbeat_interval_s)
@@ -307,7 +322,7 @@ class Worker:
         await pipe.execute()
 
     async def _metrics_loop(self) -> None:
-        while self._m is not None:
+        while self._m is not None and not self._closing:
             await asyncio.sleep(METRICS_EVERY_S)
             self._publish_metrics()
 
@@ -322,7 +337,7 @@ class Worker:
         self._m.flush(running)
 
     async def _unpublish(self) -> None:
-        with contextlib.suppress(*_CONN_ERRORS):
+        with contextlib.suppress(*_REDIS_ERRORS):
             pipe = self._redis.pipeline(transaction=False)
             pipe.zrem(workers_key(self.app.namespace), self.worker_id)
             pipe.delete(worker_info_key(self.app.namespace, self.worker_id))
@@ -334,6 +349,9 @@ class Worker:
             self._blpop.cancel()
             with contextlib.suppress(BaseException):
                 await self._blpop
+        for t in self._wake_tasks.values():
+            t.cancel()
+        await asyncio.gather(*self._wake_tasks.values(), return_exceptions=True)
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
         await self._redis.aclose()
@@ -366,7 +384,7 @@ class Worker:
             try:
                 got, wait_s = await self._pop(free)
                 pause = 0.0
-            except (*_CONN_ERRORS, redis.ResponseError) as exc:
+            except _REDIS_ERRORS as exc:
                 # a lost connection, or a server refusing (out of memory, read-only
                 # replica after a failover): back off and try again, never crash
                 pause = min(5.0, max(0.1, pause * 2))
@@ -407,9 +425,9 @@ class Worker:
                                         client=pipe)
             t0 = time.perf_counter()
             results = await arun_pipeline(pipe, self._redis)
-            for r in results:
-                if isinstance(r, Exception):
-                    raise r
+        failed = [r for r in results if isinstance(r, Exception)]
+        if len(failed) == len(results):
+            raise failed[0]
         m = self._m
         if m is not None:
             m.redis.observe(("pop",), time.perf_counter() - t0)
@@ -417,6 +435,10 @@ class Worker:
         wait_ms = s.max_block_s * 1000
         c = self.counters
         for k, res in zip(order, results, strict=True):
+            if isinstance(res, Exception):
+                # another queue's pop did run (on a cluster: another node): take its
+                # jobs rather than strand them until their leases expire
+                continue
             now, next_due, next_deadline, promoted, reaped, expired, malformed = res[:7]
             c.promoted += promoted
             c.reaped += reaped
@@ -434,6 +456,10 @@ class Worker:
                 got += n
                 if m is not None:
                     m.batch.observe((k.queue,), n)
+        if failed:
+            if not got:
+                raise failed[0]
+            log.warning("fetch from some queues failed (%s); retrying", failed[0])
         return got, max(0.0, wait_ms / 1000)
 
     def _pop_keys(self, k: QueueKeys) -> list[str]:
@@ -487,16 +513,38 @@ class Worker:
             stop.cancel()
 
     async def _blpop_once(self, keys: list[str]) -> None:
+        if len(keys) > 1 and isinstance(self._bredis, AsyncRedisCluster):
+            await self._blpop_each(keys)
+            return
         try:
             res = await self._bredis.blpop(keys, timeout=self.settings.max_block_s)
-        except _CONN_ERRORS as exc:
+        except _REDIS_ERRORS as exc:
+            # any failure (a lost connection, NOPERM, a slot moving) ends this wait
+            # after a pause: never a tight loop, never an unretrieved task exception
             log.warning("blocking wait failed (%s)", exc)
             await asyncio.sleep(0.5)
             return
         if res is not None and not self._idle and not self._stopping:
             # the token arrived while this worker was busy: pass it on to an idle one
-            with contextlib.suppress(*_CONN_ERRORS):
+            with contextlib.suppress(*_REDIS_ERRORS):
                 await self._redis.rpush(res[0], "1")
+
+    async def _blpop_each(self, keys: list[str]) -> None:
+        """Cluster mode: a BLPOP over keys of different slots is a CROSSSLOT error, so
+        block on each wake list on its own (one task per queue, each passing on a token
+        that arrives while this worker is busy, as above); return when the first one
+        does. The others keep blocking, ready for the next idle wait."""
+        tasks = self._wake_tasks
+        for key in keys:
+            t = tasks.get(key)
+            if t is None or t.done():
+                tasks[key] = asyncio.create_task(self._blpop_once([key]))
+        try:
+            await asyncio.wait(tasks.values(), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            for t in tasks.values():
+                t.cancel()
+            raise
 
     async def _queues_empty(self) -> bool:
         pipe = self._redis.pipeline(transaction=False)
@@ -732,7 +780,7 @@ class Worker:
     # --- flush -----------------------------------------------------------------------
 
     async def _flush_loop(self) -> None:
-        while True:
+        while not self._closing:
             await self._flush_event.wait()
             self._flush_event.clear()
             await self._flush_with_retry()
@@ -743,7 +791,7 @@ class Worker:
             try:
                 await self._flush()
                 return
-            except (*_CONN_ERRORS, redis.ResponseError) as exc:
+            except _REDIS_ERRORS as exc:
                 # a full Redis (OOM) refuses writes too; acks free memory, so keep trying
                 log.warning("writing results failed (%s); retrying in %.1fs", exc, pause)
                 await asyncio.sleep(pause)
@@ -829,7 +877,7 @@ class Worker:
     async def _extend_loop(self) -> None:
         every = self.settings.lease_s / 3
         lease_ms = int(self.settings.lease_s * 1000)
-        while True:
+        while not self._closing:
             await asyncio.sleep(every)
             for k in self.queues:
                 b = self._buf[k.queue]  # results not written yet still hold their leases
@@ -840,7 +888,8 @@ class Worker:
                     t0 = time.perf_counter()
                     try:
                         lost = await self._scripts.extend([k.reserved], [lease_ms, *part])
-                    except _CONN_ERRORS as exc:
+                    except _REDIS_ERRORS as exc:
+                        # a refusal (OOM, a migrating slot, ...) must not end this loop
                         log.warning("extending leases failed (%s)", exc)
                         break
                     if self._m is not None:
@@ -853,18 +902,24 @@ class Worker:
     # --- stop ------------------------------------------------------------------------
 
     async def _drain(self) -> None:
-        """Let running jobs finish (until the shutdown timeout), then give back the rest."""
-        runners = self._runner_tasks
+        """Give back the jobs that never started at once, let running jobs finish until
+        the shutdown timeout, then cancel them and give them back too."""
+        await self._give_back()
+        runners = [t for t in self._runner_tasks if not t.done()]
         if runners:
-            timeout = 0 if self._fast else self.settings.shutdown_timeout_s
-            _, pending = await asyncio.wait(runners, timeout=timeout or None) if timeout \
-                else (set(), {t for t in runners if not t.done()})
+            timeout = 0.0 if self._fast else self.settings.shutdown_timeout_s
+            pending: set[asyncio.Task[None]] = set(runners)
+            if timeout > 0:
+                _, pending = await asyncio.wait(runners, timeout=timeout)
             if pending:
                 log.warning("shutdown timeout: cancelling %d running jobs", len(pending))
                 for t in pending:
                     t.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
-        # jobs that never started, and the ones cancelled mid-run, go back at once
+        await self._give_back()
+
+    async def _give_back(self) -> None:
+        """Release the buffered (never started) and interrupted jobs to ready."""
         back: dict[str, list[bytes]] = {k.queue: [] for k in self.queues}
         for item in self._work:
             for job in (item if isinstance(item, list) else [item]):
@@ -872,6 +927,7 @@ class Worker:
         for job in self._interrupted:
             back[job.queue].append(job.lease)
         self._work.clear()
+        self._interrupted.clear()
         for k in self.queues:
             leases = back[k.queue]
             for i in range(0, len(leases), CHUNK):
@@ -879,7 +935,7 @@ class Worker:
                     n = await self._scripts.release([k.reserved, k.inflight, k.wake, *k.ready],
                                                     leases[i : i + CHUNK])
                     self.counters.released += int(n)
-                except _CONN_ERRORS as exc:
+                except _REDIS_ERRORS as exc:
                     log.error("could not give back %d jobs (%s); they return when their "
                               "leases expire", len(leases), exc)
             for lease in leases:

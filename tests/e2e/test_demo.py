@@ -1,0 +1,82 @@
+"""``python -m batchq.demo`` end to end: a real producer, a real burst worker subprocess,
+and either the demo's own embedded Valkey or the suite's Redis."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+
+import redis
+from helpers import REPO_ROOT, cli_env, free_port
+
+JOBS = 2000
+
+
+def _run_demo(env: dict[str, str | None]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "batchq.demo", "--jobs", str(JOBS)],
+        cwd=REPO_ROOT,
+        env=cli_env(env),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+
+
+def _assert_ok(proc: subprocess.CompletedProcess[str]) -> str:
+    out = proc.stdout
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{out}\n{proc.stderr}"
+    assert re.search(rf"^drain\s+{JOBS:,} / {JOBS:,} jobs done in [\d.]+ s = [\d,]+ jobs/s",
+                     out, re.M), out
+    assert re.search(r"^check\s+worker exit 0; ready 0\s+delayed 0\s+reserved 0\s+dead 0: OK$",
+                     out, re.M), out
+    assert re.search(rf"^enqueue\s+{JOBS:,} jobs in ", out, re.M), out
+    return out
+
+
+def _namespace(out: str) -> str:
+    m = re.search(r"in namespace '([^']+)'", out)
+    assert m, out
+    return m.group(1)
+
+
+def test_demo_starts_its_own_server_when_no_url_is_set() -> None:
+    proc = _run_demo({"BATCHQ_REDIS_URL": None})
+    out = _assert_ok(proc)
+    m = re.search(r"embedded Valkey at redis://127\.0\.0\.1:(\d+)/0", out)
+    assert m, out
+    # the embedded server is gone once the demo has exited
+    port = int(m.group(1))
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", port)) != 0, "embedded server still listening"
+
+
+def test_demo_uses_the_given_redis_and_leaves_nothing_behind(
+        redis_url: str, redis_client: redis.Redis) -> None:
+    proc = _run_demo({"BATCHQ_REDIS_URL": redis_url})
+    out = _assert_ok(proc)
+    assert "embedded" not in out
+    ns = _namespace(out)
+    assert redis_client.keys(f"{ns}:*") == []
+
+
+def test_importing_the_demo_starts_nothing() -> None:
+    # the worker subprocess imports batchq.demo:app: that must not start a server,
+    # connect anywhere or print anything
+    unused = f"redis://127.0.0.1:{free_port()}/0"
+    code = ("import batchq.demo as d; "
+            f"assert d.app.redis_url == {unused!r}; "
+            "assert d.app.namespace == 'nsx'; "
+            "assert 'send_email' in d.app.tasks")
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO_ROOT,
+        env=cli_env({"BATCHQ_REDIS_URL": unused, "BATCHQ_DEMO_NAMESPACE": "nsx"}),
+        capture_output=True, text=True, timeout=30, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "" and proc.stderr == ""
