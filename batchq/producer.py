@@ -196,6 +196,7 @@ def _with_retry_sync(app: App, p: _Plan, entries: list[bytes]) -> None:
             time.sleep(pause)
         keys, args = p.script_args(entries, check=attempt > 0)
         try:
+            app.register_queue(p.keys.queue)  # once per process; retried like the write
             app.sync_scripts.schedule(keys, args) if p.due else app.sync_scripts.enqueue(keys, args)
             return
         except _CONN_ERRORS as exc:
@@ -209,27 +210,27 @@ def _with_retry_sync(app: App, p: _Plan, entries: list[bytes]) -> None:
 
 def enqueue(app: App, p: _Plan, args: Any, kwargs: Mapping[str, Any]) -> str:
     jid, e = p.entry(args, kwargs, int(time.time() * 1000))
-    app.register_queue(p.keys.queue)
     _with_retry_sync(app, p, [e])
     return jid
 
 
 def enqueue_many(app: App, p: _Plan, items: Iterable[Any]) -> list[str]:
-    app.register_queue(p.keys.queue)
     written: list[str] = []
     window: list[list[str]] = []
     pending: list[list[bytes]] = []
     script = app.sync_scripts.schedule if p.due else app.sync_scripts.enqueue
 
     def flush() -> None:
-        if len(window) == 1:  # a lone chunk gets the reconnect-safe path
+        if not written or len(window) == 1:
+            # the first chunk (it also registers the queue) and a lone last chunk take the
+            # reconnect-safe path
             try:
-                _with_retry_sync(app, p, pending[0])
+                _with_retry_sync(app, p, pending.pop(0))
             except EnqueueError as exc:
                 exc.written, exc.ids = len(written), written
                 raise
-            written.extend(window[0])
-        else:
+            written.extend(window.pop(0))
+        if window:
             pipe = app.redis.pipeline(transaction=False)
             for entries in pending:
                 keys, args = p.script_args(entries, check=False)
@@ -267,6 +268,7 @@ async def _with_retry_async(app: App, p: _Plan, entries: list[bytes]) -> None:
             await asyncio.sleep(pause)
         keys, args = p.script_args(entries, check=attempt > 0)
         try:
+            await app.aregister_queue(p.keys.queue)  # once per process; retried like the write
             await (scripts.schedule if p.due else scripts.enqueue)(keys, args)
             return
         except _CONN_ERRORS as exc:
@@ -280,13 +282,11 @@ async def _with_retry_async(app: App, p: _Plan, entries: list[bytes]) -> None:
 
 async def aenqueue(app: App, p: _Plan, args: Any, kwargs: Mapping[str, Any]) -> str:
     jid, e = p.entry(args, kwargs, int(time.time() * 1000))
-    await app.aregister_queue(p.keys.queue)
     await _with_retry_async(app, p, [e])
     return jid
 
 
 async def aenqueue_many(app: App, p: _Plan, items: Iterable[Any]) -> list[str]:
-    await app.aregister_queue(p.keys.queue)
     scripts = app.async_scripts()
     script = scripts.schedule if p.due else scripts.enqueue
     written: list[str] = []
@@ -294,14 +294,14 @@ async def aenqueue_many(app: App, p: _Plan, items: Iterable[Any]) -> list[str]:
     pending: list[list[bytes]] = []
 
     async def flush() -> None:
-        if len(window) == 1:
+        if not written or len(window) == 1:
             try:
-                await _with_retry_async(app, p, pending[0])
+                await _with_retry_async(app, p, pending.pop(0))
             except EnqueueError as exc:
                 exc.written, exc.ids = len(written), written
                 raise
-            written.extend(window[0])
-        else:
+            written.extend(window.pop(0))
+        if window:
             pipe = app.async_redis().pipeline(transaction=False)
             for entries in pending:
                 keys, args = p.script_args(entries, check=False)

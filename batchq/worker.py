@@ -813,7 +813,7 @@ class Worker:
                 calls.append((self._scripts.ack, [k.reserved, k.inflight],
                               b.acks[i : i + CHUNK],
                               q, [("ok", t) for t in b.ack_tasks[i : i + CHUNK]]))
-            nack_keys = [k.reserved, k.inflight, k.delayed, k.dead, k.dead_jobs]
+            nack_keys = [k.reserved, k.inflight, k.delayed, k.dead, k.dead_jobs, k.wake]
             # nack.lua takes the retries first (their count in ARGV[1]), then the dead
             for i in range(0, len(b.retries), CHUNK):
                 part = b.retries[i : i + CHUNK]

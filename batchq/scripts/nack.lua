@@ -2,7 +2,8 @@
 --
 -- KEYS[1]  reserved zset         KEYS[4]  dead zset
 -- KEYS[2]  inflight hash         KEYS[5]  dead:jobs hash
--- KEYS[3]  delayed zset
+-- KEYS[3]  delayed zset          KEYS[6]  wake list (a retry may be due before an idle
+--                                          worker's next look)
 -- ARGV[1]  R, the number of retries that follow
 -- ARGV[2..2R+1]        pairs: lease "<id>:<attempt>", retry delay in ms
 -- ARGV[2R+2..]         pairs: lease, dead record (msgpack, built by the worker)
@@ -11,6 +12,7 @@
 local now = now_ms()
 local r = tonumber(ARGV[1])
 local stale = {}
+local retried = 0
 local i = 2
 while i < #ARGV do
   local m, v = ARGV[i], ARGV[i + 1]
@@ -19,6 +21,7 @@ while i < #ARGV do
   if e then
     if i <= 2 * r then
       redis.call('ZADD', KEYS[3], now + tonumber(v), e)
+      retried = retried + 1
     else
       redis.call('HSET', KEYS[5], id, v)
       redis.call('ZADD', KEYS[4], now, id)
@@ -30,4 +33,5 @@ while i < #ARGV do
   end
   i = i + 2
 end
+if retried > 0 then wake(KEYS[6]) end
 return stale

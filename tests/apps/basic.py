@@ -69,6 +69,13 @@ def build(redis_url: str, namespace: str, log_path: str | None = None) -> batchq
         record("failing", token)
         raise ValueError(f"boom {token}")  # THE-RAISE-LINE
 
+    @app.task(max_attempts=3, retry_backoff_s=0.01, retry_backoff_max_s=0.05)
+    async def failing_slow(token: Any, secs: float) -> None:
+        """Fails after ``secs`` (the retry is written after the worker's next pop)."""
+        record("failing_slow", token)
+        await asyncio.sleep(secs)
+        raise ValueError(f"slow boom {token}")
+
     @app.task(timeout_s=0.2, max_attempts=1)
     async def slow_async(token: Any, secs: float) -> None:
         record("start", token)

@@ -2,13 +2,12 @@
 
 Workers run ``python -m batchq worker apps.basic:app`` (tests/apps/basic.py); every
 handler appends a line to a per-test log file (outside Redis), read back with ``runs()``.
-Tests marked ``known_bug`` (they expose a batchq bug and fail until it is fixed) are
-moved to the end of the run so ``-x`` still runs every other test first.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -23,20 +22,6 @@ import batchq
 from ._support import Run, read_runs
 
 HERE = Path(__file__).resolve().parent
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "known_bug: exposes a batchq bug (fails until fixed; runs last)")
-
-
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
-                                  items: list[pytest.Item]) -> None:
-    def is_known_bug(item: pytest.Item) -> bool:
-        return HERE in Path(str(item.path)).parents and \
-            item.get_closest_marker("known_bug") is not None
-
-    items.sort(key=is_known_bug)  # stable: only moves the known_bug ones last
 
 
 @pytest.fixture
@@ -56,19 +41,14 @@ def runs(log_path: Path) -> Callable[..., list[Run]]:
 
 @pytest.fixture
 def worker_env(redis_url: str, namespace: str, log_path: Path) -> dict[str, str | None]:
-    return {
+    # the CLI reads BATCHQ_<FLAG>: do not let the caller's environment leak in
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("BATCHQ_")}
+    env.update({
         "BATCHQ_REDIS_URL": redis_url,
         "BATCHQ_TEST_NS": namespace,
         "BATCHQ_TEST_LOG": str(log_path),
-        # the CLI reads BATCHQ_<FLAG>: do not let the caller's environment leak in
-        "BATCHQ_QUEUES": None,
-        "BATCHQ_CONCURRENCY": None,
-        "BATCHQ_LEASE_S": None,
-        "BATCHQ_FETCH_BATCH": None,
-        "BATCHQ_SHUTDOWN_TIMEOUT": None,
-        "BATCHQ_BURST": None,
-        "BATCHQ_LOG_LEVEL": None,
-    }
+    })
+    return env
 
 
 @pytest.fixture

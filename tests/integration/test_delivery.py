@@ -109,11 +109,13 @@ def test_lease_extended_while_a_long_job_runs(app, queue_name, start_worker, run
     assert app.queue(queue_name).stats().pending == 0
 
 
-def _client_cmds(r, exclude: set[int]) -> dict[int, int]:
-    """tot-cmds (commands the client sent; not counting those run inside scripts) per
-    client id."""
+def _client_cmds(r, exclude: set[int]) -> dict[int, int] | None:
+    """tot-cmds (commands a client sent, not counting those run inside its scripts) per
+    client id; None when the server's CLIENT LIST lacks the field (Redis < 7.4)."""
     out = {}
     for c in r.client_list():
+        if "tot-cmds" not in c:
+            return None
         if int(c["id"]) not in exclude:
             out[int(c["id"])] = int(c["tot-cmds"])
     return out
@@ -126,25 +128,21 @@ def _commandstats(r) -> dict[str, int]:
 def test_idle_worker_blocks_instead_of_polling(app, queue_name, start_worker, runs,
                                                redis_client):
     r = redis_client
-    if "tot-cmds" not in r.client_list()[0]:
-        pytest.skip("server's CLIENT LIST has no tot-cmds")
-    mine = int(r.client_id())
-    before_worker = {int(c["id"]) for c in r.client_list()}
+    before_worker = {int(c["id"]) for c in r.client_list()} | {int(r.client_id())}
     start_worker(queue_name)
     time.sleep(0.5)  # let the startup (queue registration, first pop, BLPOP) settle
 
-    exclude = before_worker | {mine}
-    c0, s0 = _client_cmds(r, exclude), _commandstats(r)
+    c0, s0 = _client_cmds(r, before_worker), _commandstats(r)
     window = 3.0
     time.sleep(window)
-    c1, s1 = _client_cmds(r, exclude), _commandstats(r)
+    c1, s1 = _client_cmds(r, before_worker), _commandstats(r)
 
-    assert c0, "no worker connection found"
-    assert set(c1) == set(c0), "the idle worker opened or closed connections"
-    sent = sum(c1[i] - c0[i] for i in c0)
-    assert sent / window <= 2, f"idle worker sent {sent} commands in {window}s"
-    # the same from INFO commandstats, counting script calls once (a script's own
-    # redis.call()s are counted by commandstats too) and excluding our INFO
+    if c0 is not None and c1 is not None:
+        assert c0, "no worker connection found"
+        sent = sum(n - c0.get(i, 0) for i, n in c1.items())
+        assert sent / window <= 2, f"idle worker sent {sent} commands in {window}s"
+    # INFO commandstats counts the redis.call()s inside scripts as well (an empty pop
+    # is ~16 of them), so count the calls that start work: scripts, blocking pops, pings
     entry = {"cmdstat_evalsha", "cmdstat_eval", "cmdstat_blpop", "cmdstat_brpop",
              "cmdstat_ping"}
     top = sum(s1.get(k, 0) - s0.get(k, 0) for k in entry)

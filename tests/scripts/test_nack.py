@@ -55,7 +55,7 @@ def nack(s: SyncScripts, k: QueueKeys, retries: list[tuple[bytes, int]],
         args += [lease, delay]
     for lease, rec in dead:
         args += [lease, rec]
-    return [int(x) for x in s.nack([k.reserved, k.inflight, k.delayed, k.dead, k.dead_jobs],
+    return [int(x) for x in s.nack([k.reserved, k.inflight, k.delayed, k.dead, k.dead_jobs, k.wake],
                                    args)]
 
 
@@ -77,7 +77,9 @@ def test_retry_moves_the_inflight_entry_to_delayed(redis_client, s, k, namespace
     assert [m for m, _ in delayed] == [job]
     assert job == with_attempt(entry("a"), 1)  # the attempt stays counted
     assert before + 5000 <= delayed[0][1] <= after + 5000
-    assert ns_keys(redis_client, namespace) == {k.delayed.encode()}
+    # an idle worker is woken to learn the retry's due time
+    assert redis_client.lrange(k.wake, 0, -1) == [b"1"]
+    assert ns_keys(redis_client, namespace) == {k.delayed.encode(), k.wake.encode()}
 
 
 def test_retry_with_zero_delay_is_due_now(redis_client, s, k):

@@ -54,7 +54,7 @@ def kill(r: redis.Redis, s: SyncScripts, k: QueueKeys, jid: str, prio: int = 0) 
     r.rpush(k.ready_for(prio), entry(jid, prio))
     (job,) = pop(s, k, 1)
     rec = codec.encode_dead_record(jid, "error", job, error_message="boom")
-    assert s.nack([k.reserved, k.inflight, k.delayed, k.dead, k.dead_jobs],
+    assert s.nack([k.reserved, k.inflight, k.delayed, k.dead, k.dead_jobs, k.wake],
                   [0, f"{jid}:1", rec]) == []
     r.delete(k.wake)
     return job
