@@ -11,7 +11,7 @@ import asyncio
 import inspect
 import os
 import threading
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
@@ -224,7 +224,7 @@ class App:
         batch_size: int,
         retry_backoff_s: float = 1.0,
         retry_backoff_max_s: float = 300.0,
-    ) -> Callable[[Callable[[list[Job]], Awaitable[R] | R]], Task[..., Awaitable[R] | R]]: ...
+    ) -> Callable[[Callable[[list[Job]], Any]], Task[..., Any]]: ...
 
     def task(self, fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
         """Register a handler: ``@app.task`` or ``@app.task(queue=..., ...)``.

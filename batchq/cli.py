@@ -140,6 +140,9 @@ def _parser() -> argparse.ArgumentParser:
     from .cli_ops import add_commands
 
     add_commands(sub)
+    from .cli_bench import add_commands as add_bench
+
+    add_bench(sub)
     return p
 
 

@@ -1,0 +1,175 @@
+"""``python -m bench SCENARIO [options]``: the batchq benchmark harness.
+
+Scenarios: enqueue, drain, latency, memory, idle, scale (batchq alone), peers (batchq
+side by side with other Redis queues), plot (a PNG from latency records). Each scenario
+run writes one JSON record to ``bench/results/<scenario>-<timestamp>.json`` and prints a
+markdown table. See bench/README.md for what exactly each figure times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+SCENARIOS = ("enqueue", "drain", "latency", "memory", "idle", "scale")
+COMMANDS = (*SCENARIOS, "peers", "plot")
+
+# (full, --quick) defaults of --jobs per scenario
+JOBS = {"enqueue": (50_000, 2_000), "drain": (100_000, 2_000), "latency": (50_000, 2_000),
+        "memory": (1_000_000, 2_000), "scale": (50_000, 2_000)}
+
+
+def _common(p: argparse.ArgumentParser, scenario: str) -> None:
+    p.add_argument("--redis-url", default=None,
+                   help="Redis to benchmark (default: start an embedded Valkey)")
+    p.add_argument("--repeat", type=int, default=None,
+                   help="runs per case; median and min-max are reported (default 3, "
+                   "--quick 1)")
+    p.add_argument("--quick", action="store_true",
+                   help="small sizes and one repeat: a smoke test, not a measurement")
+    if scenario in JOBS:
+        full, quick = JOBS[scenario]
+        what = "jobs of the max-rate probe" if scenario == "latency" else "jobs per run"
+        p.add_argument("--jobs", type=int, default=None,
+                       help=f"{what} (default {full:,}, --quick {quick:,})")
+    p.add_argument("-p", "--processes", type=int, default=None,
+                   help="worker processes (default: os.cpu_count())")
+    p.add_argument("-c", "--concurrency", type=int, default=100,
+                   help="jobs run at once per worker process (default 100)")
+    p.add_argument("--namespace", default=None,
+                   help="batchq key namespace (default: a fresh random one)")
+    p.add_argument("--out-dir", type=Path, default=None,
+                   help="where the JSON record goes (default bench/results)")
+    p.add_argument("--note", action="append", default=[],
+                   help="a remark to keep in the record (repeatable)")
+
+
+def add_scenario_args(p: argparse.ArgumentParser, scenario: str) -> None:
+    """The options of one command (also used by ``batchq bench``)."""
+    if scenario == "plot":
+        p.add_argument("records", nargs="+", type=Path,
+                       help="latency or peers JSON records")
+        p.add_argument("-o", "--output", type=Path, default=Path("bench/latency.png"))
+        return
+    if scenario == "peers":
+        from .peers.run import add_args
+
+        add_args(p)
+        return
+    _common(p, scenario)
+    if scenario in ("enqueue", "scale", "drain"):
+        p.add_argument("--payload-bytes", type=int, default=0,
+                       help="size of the one bytes argument of each job (default: none)")
+    if scenario == "enqueue":
+        p.add_argument("--producers", type=int, default=8,
+                       help="concurrent async producers (default 8)")
+    if scenario == "scale":
+        p.add_argument("--payloads", default="100,1000,10000",
+                       help="payload sizes in bytes (default 100,1000,10000)")
+    if scenario == "latency":
+        p.add_argument("--duration", type=float, default=None,
+                       help="seconds of load per level (default 10, --quick 0.5)")
+        p.add_argument("--max-rate", type=float, default=None,
+                       help="skip the probe: the 100 %% rate in jobs/s")
+        p.add_argument("--idle-rate", type=float, default=50.0,
+                       help="rate of the idle level (default 50 jobs/s: one every 20 ms)")
+        p.add_argument("--levels", default="25,50,75,90",
+                       help="percentages of the max rate (default 25,50,75,90)")
+    if scenario == "memory":
+        p.add_argument("--payload-bytes", type=int, default=100,
+                       help="size of each job's bytes argument (default 100)")
+    if scenario == "idle":
+        p.add_argument("--duration", type=float, default=None,
+                       help="measured window in seconds (default 10, --quick 1)")
+        p.add_argument("--warmup", type=float, default=None,
+                       help="seconds before the window (default 2, --quick 0.5)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="scenario", required=True)
+    helps = {"enqueue": "enqueue throughput: single, enqueue_many, async producers",
+             "drain": "drain throughput of a worker fleet: no-op and batch handlers",
+             "latency": "open-loop latency at idle and at 25-90 %% of max throughput",
+             "memory": "Redis bytes per queued job; worker RSS while draining",
+             "idle": "CPU and Redis commands/s of an idle fleet",
+             "scale": "drain throughput against processes and payload size",
+             "peers": "batchq against Celery, RQ, arq, dramatiq, saq, taskiq, huey",
+             "plot": "PNG of latency percentiles against offered rate"}
+    for name in COMMANDS:
+        add_scenario_args(sub.add_parser(name, help=helps[name]), name)
+    return p
+
+
+def _run_scenario(args: argparse.Namespace) -> int:
+    from . import harness
+    from .latency import run_latency
+    from .resources import run_idle, run_memory
+    from .throughput import run_drain, run_enqueue, run_scale
+
+    s = args.scenario
+    quick = args.quick
+    repeat = args.repeat or (1 if quick else 3)
+    jobs = getattr(args, "jobs", None) or (JOBS[s][1 if quick else 0] if s in JOBS else 0)
+    params: dict[str, Any] = {k: (str(v) if isinstance(v, Path) else v)
+                              for k, v in vars(args).items() if k not in ("redis_url",)}
+    params.update(repeat=repeat, jobs=jobs)
+    runners: dict[str, Callable[[harness.Context, dict[str, Any]], list[harness.Row]]] = {
+        "enqueue": lambda ctx, rec: run_enqueue(
+            ctx, rec, jobs=jobs, repeat=repeat, producers=args.producers,
+            payload_bytes=args.payload_bytes),
+        "drain": lambda ctx, rec: run_drain(
+            ctx, rec, jobs=jobs, repeat=repeat, processes=args.processes,
+            concurrency=args.concurrency),
+        "scale": lambda ctx, rec: run_scale(
+            ctx, rec, jobs=jobs, repeat=repeat, max_processes=args.processes,
+            concurrency=args.concurrency,
+            payloads=[int(x) for x in args.payloads.split(",") if x.strip()]),
+        "latency": lambda ctx, rec: run_latency(
+            ctx, rec, repeat=repeat, duration_s=args.duration or (0.5 if quick else 10.0),
+            processes=args.processes, concurrency=args.concurrency, max_rate=args.max_rate,
+            probe_jobs=jobs, idle_rate=args.idle_rate,
+            levels=[int(x) for x in args.levels.split(",") if x.strip()]),
+        "memory": lambda ctx, rec: run_memory(
+            ctx, rec, jobs=jobs, repeat=repeat, payload_bytes=args.payload_bytes,
+            processes=args.processes, concurrency=args.concurrency),
+        "idle": lambda ctx, rec: run_idle(
+            ctx, rec, repeat=repeat, processes=args.processes, concurrency=args.concurrency,
+            warmup_s=args.warmup if args.warmup is not None else (0.5 if quick else 2.0),
+            duration_s=args.duration or (1.0 if quick else 10.0)),
+    }
+    with harness.Context(args.redis_url, args.namespace, args.out_dir, quick) as ctx:
+        ctx.notes.extend(args.note)
+        rec = harness.new_record(ctx, s, params)
+        rows = runners[s](ctx, rec)
+        path = harness.finish_record(rec, ctx.out_dir, rows, ctx)
+    print(harness.markdown(rec))
+    print(f"\nrecord: {path}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.scenario == "plot":
+        from .plot import plot
+
+        out = plot(args.records, args.output)
+        print(f"wrote {out}")
+        return 0
+    if args.scenario == "peers":
+        from .peers.run import main as peers_main
+
+        return peers_main(args)
+    try:
+        return _run_scenario(args)
+    except (RuntimeError, ValueError) as exc:
+        print(f"bench {args.scenario}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""The batchq app the benchmarks run: ``python -m batchq worker bench.apps:app``.
+
+Every task records its handler's entry and exit time (``bench.record``) and nothing
+else; the timing costs a lock and a few comparisons per job. The module-level ``app``
+is built from the environment the harness gives the worker fleet:
+``BATCHQ_REDIS_URL``, ``BENCH_NAMESPACE``, ``BENCH_KEY`` (where timings go).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import batchq
+
+from . import record
+
+QUEUE = "bench"
+BATCH_SIZE = 100
+NAMESPACE_ENV = "BENCH_NAMESPACE"
+
+
+def make_app(redis_url: str | None = None, namespace: str = "bench") -> batchq.App:
+    """The benchmark app (the same tasks in the harness and in the workers)."""
+    app = batchq.App(redis_url, namespace=namespace)
+    rec = record.recorder()
+
+    @app.task(queue=QUEUE)
+    async def noop(*args: Any) -> None:
+        """A no-op job; its arguments (a payload in some runs) are ignored."""
+        t0 = time.time()
+        rec.ensure_task()
+        rec.job(t0, time.time())
+
+    @app.task(queue=QUEUE, batch_size=BATCH_SIZE)
+    async def batch_noop(jobs: list[batchq.Job]) -> dict[str, str]:
+        """A batch handler that does nothing with up to 100 jobs (none fail)."""
+        t0 = time.time()
+        rec.ensure_task()
+        rec.job(t0, time.time(), len(jobs))
+        return {}
+
+    @app.task(queue=QUEUE)
+    async def lat(intended: float, sent: float) -> None:
+        """A latency probe: ``intended`` / ``sent`` are the open-loop send times."""
+        t0 = time.time()
+        rec.ensure_task()
+        rec.sample(intended, sent, t0, time.time())
+
+    return app
+
+
+app = make_app(os.environ.get("BATCHQ_REDIS_URL"), os.environ.get(NAMESPACE_ENV, "bench"))

@@ -1,0 +1,48 @@
+"""huey (RedisHuey) for the peer benchmarks; runs in bench/.peers-venv/huey."""
+
+from __future__ import annotations
+
+import os
+import time
+from types import ModuleType
+from typing import Any
+
+from huey import RedisHuey
+
+from bench import record
+
+URL = os.environ.get(record.URL_ENV, "redis://127.0.0.1:6379/7")
+rec = record.recorder()
+
+huey = RedisHuey("bench", url=URL, results=False)
+
+
+@huey.task()
+def noop() -> None:
+    t0 = time.time()
+    rec.start_thread()
+    rec.job(t0, time.time())
+
+
+@huey.task()
+def lat(intended: float, sent: float) -> None:
+    t0 = time.time()
+    rec.start_thread()
+    rec.sample(intended, sent, t0, time.time())
+
+
+def enqueue_noop(n: int) -> None:
+    for _ in range(n):
+        noop()
+
+
+def enqueue_lat(intended: float, sent: float) -> None:
+    lat(intended, sent)
+
+
+def run_load(loadgen: ModuleType, rate: float, duration_s: float) -> Any:
+    def send(intended: list[float], sent_at: float) -> None:
+        for t in intended:
+            lat(t, sent_at)
+
+    return loadgen.open_loop(send, rate, duration_s)

@@ -1,0 +1,374 @@
+"""``python -m bench peers``: batchq and other Redis queues, same Redis, same run.
+
+``--setup`` creates one virtualenv per peer under ``bench/.peers-venv`` and pip-installs
+it. A comparison then runs, for batchq and each peer in turn, on its own database of
+the same server (flushed before every run):
+
+* drain: N no-op jobs are enqueued (not timed), the worker fleet is started, and the
+  figure is ``N / (last handler exit - first handler entry)`` from the handlers' own
+  clocks (``bench.record``), exactly as for batchq; then the fleet is stopped.
+* latency: a fresh fleet, one warm-up job, then open-loop load at each ``--rates``
+  for ``--duration`` seconds from the peer's own client (``bench.peers.driver``, the
+  same ``batchq.loadgen`` schedule); enqueue-to-start and enqueue-to-done are measured
+  from each job's intended send time, as in the ``latency`` scenario.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+
+from .. import harness, record
+from ..harness import Context, Fleet, Row, batchq_worker_argv, wait_for_totals
+from ..latency import figures, wait_for_samples
+from . import PEERS, Peer, install_argv
+
+STALL_S = 20.0
+"""A drain whose job count has not grown for this long is taken as finished; the jobs
+that never ran are reported."""
+
+SUSTAINED_SHARE = 0.95
+"""A rate counts as sustained when every job completed and the jobs completed (and
+were sent) at no less than this share of the offered rate."""
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--setup", action="store_true",
+                   help="create bench/.peers-venv/<peer> and pip install the peers, then exit")
+    p.add_argument("--peers", default=",".join(PEERS),
+                   help=f"comma-separated subset (default {','.join(PEERS)})")
+    p.add_argument("--no-batchq", action="store_true", help="leave batchq out")
+    p.add_argument("--redis-url", default=None,
+                   help="Redis to use (default: an embedded Valkey). Databases "
+                   "--db-base.. are FLUSHED: needs --allow-flush")
+    p.add_argument("--allow-flush", action="store_true",
+                   help="allow flushing databases of a --redis-url server")
+    p.add_argument("--db-base", type=int, default=1,
+                   help="first database for the peers; batchq uses the URL's (default 1)")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="jobs per drain run (default 20,000, --quick 500)")
+    p.add_argument("--rates", default="200",
+                   help="offered rates for latency, jobs/s, comma-separated (default 200)")
+    p.add_argument("--duration", type=float, default=None,
+                   help="seconds of load per rate (default 10, --quick 1)")
+    p.add_argument("-p", "--processes", type=int, default=None,
+                   help="worker processes for every system (default os.cpu_count())")
+    p.add_argument("-c", "--concurrency", type=int, default=100,
+                   help="batchq's -c (default 100)")
+    p.add_argument("--repeat", type=int, default=None,
+                   help="runs per case (default 3, --quick 1)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test")
+    p.add_argument("--out-dir", type=Path, default=None)
+    p.add_argument("--namespace", default=None)
+    p.add_argument("--note", action="append", default=[],
+                   help="a remark to keep in the record (repeatable)")
+
+
+def setup(peers: list[Peer]) -> int:
+    for peer in peers:
+        print(f"== {peer.name}: {peer.venv}", flush=True)
+        for argv in install_argv(peer):
+            if argv[2] == "venv" and peer.python.exists():
+                continue
+            res = subprocess.run(argv, check=False)
+            if res.returncode != 0:
+                print(f"setup of {peer.name} failed: {' '.join(argv)}", file=sys.stderr)
+                return 1
+        print(f"   {peer.dist} {peer_version(peer)}", flush=True)
+    return 0
+
+
+def peer_version(peer: Peer) -> str:
+    res = subprocess.run(
+        [str(peer.python), "-c", "import importlib.metadata as m, sys; "
+         "print(m.version(sys.argv[1]), '(redis-py', m.version('redis') + ')')", peer.dist],
+        capture_output=True, text=True, check=False)
+    return res.stdout.strip() if res.returncode == 0 else "?"
+
+
+def db_url(url: str, db: int) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{db}", parts.query, parts.fragment))
+
+
+class System:
+    """batchq or one peer: how to fill its queue, start its fleet, offer it load."""
+
+    def __init__(self, ctx: Context, name: str, url: str, peer: Peer | None,
+                 processes: int, concurrency: int) -> None:
+        self.ctx = ctx
+        self.name = name
+        self.url = url
+        self.peer = peer
+        self.processes = processes
+        self.concurrency = concurrency
+        self.client = redis.Redis.from_url(url)
+        self.key = ctx.key if peer is None else "bench:rec"
+
+    def env(self) -> dict[str, str]:
+        return self.ctx.fleet_env(BENCH_REDIS_URL=self.url, BENCH_KEY=self.key)
+
+    def flush(self) -> None:
+        if self.peer is None:
+            self.ctx.reset()
+        else:
+            self.client.flushdb()
+
+    def fleet(self) -> Fleet:
+        if self.peer is None:
+            argv = batchq_worker_argv(self.processes, self.concurrency, burst=False)
+        else:
+            argv = self.peer.worker_argv(self.processes, self.url)
+        return Fleet(argv, self.env())
+
+    def _driver(self, *args: str, timeout_s: float = 600) -> str:
+        assert self.peer is not None
+        res = subprocess.run(self.peer.driver_argv(*args), cwd=harness.REPO_ROOT,
+                             env=self.env(), capture_output=True, text=True,
+                             timeout=timeout_s, check=False)
+        if res.returncode != 0:
+            raise RuntimeError(f"{self.name} driver {args[0]} failed:\n{res.stderr[-3000:]}")
+        return res.stdout
+
+    def fill(self, n: int) -> float:
+        if self.peer is None:
+            from ..throughput import fill
+
+            return fill(self.ctx, "noop", n)
+        return float(json.loads(self._driver("enqueue", str(n)))["enqueue_s"])
+
+    def warm(self) -> None:
+        if self.peer is None:
+            self.ctx.app.tasks["lat"].enqueue(time.time(), time.time())
+        else:
+            self._driver("warm")
+
+    def load(self, rate: float, duration_s: float) -> dict[str, Any]:
+        if self.peer is None:
+            from batchq.loadgen import aopen_loop
+
+            from ..throughput import _run_async
+
+            lat = self.ctx.app.tasks["lat"]
+
+            async def send(intended: list[float], sent_at: float) -> None:
+                if len(intended) == 1:
+                    await lat.aenqueue(intended[0], sent_at)
+                else:
+                    await lat.aenqueue_many([(t, sent_at) for t in intended])
+
+            async def main() -> dict[str, Any]:
+                await self.ctx.app.async_redis().ping()
+                try:
+                    return (await aopen_loop(send, rate, duration_s)).as_dict()
+                finally:
+                    await self.ctx.app.aclose()
+
+            out: dict[str, Any] = _run_async(main())
+            return out
+        state: dict[str, Any] = json.loads(self._driver("load", str(rate), str(duration_s),
+                                                        timeout_s=duration_s + 300))
+        return state
+
+
+def drain(sys_: System, n: int) -> dict[str, Any]:
+    sys_.flush()
+    enqueue_s = sys_.fill(n)
+    with sys_.fleet() as fleet:
+        fleet.start()
+        jobs, first, last, procs = wait_for_totals(sys_.client, sys_.key, n,
+                                                   timeout_s=120 + n / 100, fleet=fleet,
+                                                   stall_s=STALL_S)
+        startup_s = first - fleet.started_wall
+        fleet.stop(signal.SIGTERM, timeout_s=15)
+    span = max(last - first, 1e-6)
+    if jobs < n:
+        sys_.ctx.notes.append(f"{sys_.name}: {n - jobs:,} of {n:,} drain jobs never ran "
+                              f"(no progress for {STALL_S:g}s); jobs/s counts those that ran")
+    elif jobs > n:
+        sys_.ctx.notes.append(f"{sys_.name}: its handlers ran {jobs - n:,} more times than "
+                              f"the {n:,} jobs enqueued (duplicate deliveries)")
+    return {"jobs": n, "ran": jobs, "enqueue_s": enqueue_s, "drain_s": span,
+            "jobs_per_s": jobs / span,
+            "first_job_after_start_s": startup_s, "reporting_processes": procs}
+
+
+def latency(sys_: System, rates: list[float], duration_s: float) -> list[dict[str, Any]]:
+    sys_.flush()
+    out = []
+    with sys_.fleet() as fleet:
+        fleet.start()
+        for rate in rates:
+            record.take_samples(sys_.client, sys_.key)
+            sys_.warm()
+            if wait_for_samples(sys_.client, sys_.key, 1, 90.0) < 1:
+                raise RuntimeError(f"{sys_.name}: the warm-up job did not run within 90s\n"
+                                   f"{fleet.log_tail()}")
+            record.take_samples(sys_.client, sys_.key)
+            state = sys_.load(rate, duration_s)
+            wait_for_samples(sys_.client, sys_.key, state["sent"], max(15.0, duration_s))
+            fig = figures(record.take_samples(sys_.client, sys_.key), state)
+            fig["sustained"] = (fig["lost"] == 0 and state["errors"] == 0
+                                and fig["completion_rate"] >= SUSTAINED_SHARE * rate
+                                and state["achieved_send_rate"] >= SUSTAINED_SHARE * rate)
+            out.append(fig)
+            if fig["lost"]:
+                sys_.flush()
+        fleet.stop(signal.SIGTERM, timeout_s=15)
+    return out
+
+
+def _fmt_ms(v: float) -> str:
+    return harness.fmt(v, "ms")
+
+
+def comparison_table(rec: dict[str, Any], rates: list[float]) -> str:
+    res: dict[str, Any] = rec["results"]
+    bq = res.get("batchq")
+    head = ["system", "version", "drain jobs/s", "batchq ratio"]
+    for r in rates:
+        head += [f"@{r:g}/s start p50 / p99 / p99.9 / max (ms)", f"@{r:g}/s done p99 (ms)",
+                 "batchq ratio (p99)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, r in res.items():
+        drain_v = r["drain"]["jobs_per_s"]["median"]
+        lost = r["drain"].get("never_ran", 0)
+        cells = [name, r["version"], harness.cell({**r["drain"]["jobs_per_s"],
+                                                    "unit": "jobs/s"})
+                 + (f" ({lost:,} jobs never ran)" if lost > 0 else
+                    f" ({-lost:,} more runs than jobs: duplicates)" if lost < 0 else ""),
+                 "1" if name == "batchq" else "-" if bq is None
+                 else f"{bq['drain']['jobs_per_s']['median'] / drain_v:.1f}"]
+        for i, _ in enumerate(rates):
+            lv = r["latency"][i]
+            if not lv["sustained"]:
+                cells += [f"not sustained ({lv['completion_rate']:,.0f} jobs/s done)", "-", "-"]
+                continue
+            s = lv["enqueue_to_start"]
+            cells.append(" / ".join(_fmt_ms(s[k]) for k in ("p50", "p99", "p99.9", "max")))
+            cells.append(_fmt_ms(lv["enqueue_to_done"]["p99"]))
+            if bq is None or name == "batchq" or not bq["latency"][i]["sustained"]:
+                cells.append("1" if name == "batchq" else "-")
+            else:
+                mine = bq["latency"][i]["enqueue_to_start"]["p99"]
+                cells.append(f"{s['p99'] / mine:.1f}" if mine > 0 else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _median_level(levels: list[dict[str, Any]]) -> dict[str, Any]:
+    """One rate over the repeats: the median of each percentile."""
+    out = {"sustained": all(lv["sustained"] for lv in levels),
+           "completion_rate": harness.summarize([lv["completion_rate"] for lv in levels])[
+               "median"]}
+    for m in ("enqueue_to_start", "enqueue_to_done", "send_lateness"):
+        out[m] = {k: harness.summarize([lv[m][k] for lv in levels])["median"]
+                  for k in levels[0][m]}
+    return out
+
+
+def main(args: argparse.Namespace) -> int:
+    names = [n.strip() for n in args.peers.split(",") if n.strip()]
+    unknown = [n for n in names if n not in PEERS]
+    if unknown:
+        print(f"unknown peers: {', '.join(unknown)} (known: {', '.join(PEERS)})",
+              file=sys.stderr)
+        return 2
+    peers = [PEERS[n] for n in names]
+    if args.setup:
+        return setup(peers)
+    missing = [p.name for p in peers if not p.python.exists()]
+    if missing:
+        print(f"no virtualenv for {', '.join(missing)}: run `python -m bench peers --setup`",
+              file=sys.stderr)
+        return 2
+    if args.redis_url and not args.allow_flush:
+        print("--redis-url: the peers' databases are flushed between runs; pass "
+              "--allow-flush if that is fine for this server", file=sys.stderr)
+        return 2
+    quick = args.quick
+    repeat = args.repeat or (1 if quick else 3)
+    jobs = args.jobs or (500 if quick else 20_000)
+    duration = args.duration or (1.0 if quick else 10.0)
+    rates = [float(r) for r in args.rates.split(",") if r.strip()]
+    procs = args.processes or os.cpu_count() or 1
+    params: dict[str, Any] = {"peers": names, "batchq": not args.no_batchq, "jobs": jobs,
+                              "rates": rates, "duration_s": duration, "processes": procs,
+                              "concurrency": args.concurrency, "repeat": repeat,
+                              "db_base": args.db_base}
+    with Context(args.redis_url, args.namespace, args.out_dir, quick) as ctx:
+        ctx.notes.extend(args.note)
+        rec = harness.new_record(ctx, "peers", params)
+        rec["results"] = {}
+        rec["configs"] = {p.name: p.config for p in peers}
+        systems = [] if args.no_batchq else [System(ctx, "batchq", ctx.url, None, procs,
+                                                     args.concurrency)]
+        systems += [System(ctx, p.name, db_url(ctx.url, args.db_base + i), p, procs,
+                           args.concurrency) for i, p in enumerate(peers)]
+        rows: list[Row] = []
+        for s in systems:
+            print(f"== {s.name}", file=sys.stderr, flush=True)
+            version = (rec["versions"]["batchq"] if s.peer is None
+                       else peer_version(s.peer))
+            d_row = Row(f"{s.name} drain", {"system": s.name, "version": version})
+            runs: dict[str, Any] = {"drain": [], "latency": []}
+            levels: list[list[dict[str, Any]]] = [[] for _ in rates]
+            try:
+                for _ in range(repeat):
+                    d = drain(s, jobs)
+                    runs["drain"].append(d)
+                    d_row.add("jobs/s", d["jobs_per_s"], "jobs/s")
+                    for i, lv in enumerate(latency(s, rates, duration)):
+                        levels[i].append(lv)
+                        runs["latency"].append({k: v for k, v in lv.items()
+                                                if k != "histograms"})
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                print(f"{s.name} failed: {exc}", file=sys.stderr)
+                ctx.notes.append(f"{s.name}: failed: {str(exc).splitlines()[0]}")
+                rec["runs"].append({"system": s.name, **runs, "error": str(exc)})
+                continue
+            finally:
+                s.flush()
+                s.client.close()
+            rows.append(d_row)
+            for rate, lvs in zip(rates, levels, strict=True):
+                row = Row(f"{s.name} @ {rate:g} jobs/s",
+                          {"system": s.name, "offered_rate": rate,
+                           "sustained": all(lv["sustained"] for lv in lvs)})
+                for lv in lvs:
+                    for k, v in lv["enqueue_to_start"].items():
+                        row.add(f"start {k}", v, "ms")
+                    for k, v in lv["enqueue_to_done"].items():
+                        row.add(f"done {k}", v, "ms")
+                rows.append(row)
+            rec["results"][s.name] = {
+                "version": version,
+                "config": f"batchq worker -p {procs} -c {args.concurrency}"
+                if s.peer is None else s.peer.config,
+                "drain": {"jobs_per_s": harness.summarize(
+                    [d["jobs_per_s"] for d in runs["drain"]]),
+                          "never_ran": sum(d["jobs"] - d["ran"] for d in runs["drain"])},
+                "latency": [{"offered_rate": rate, **_median_level(lvs)}
+                            for rate, lvs in zip(rates, levels, strict=True)],
+            }
+            rec["runs"].append({"system": s.name, **runs})
+        path = harness.finish_record(rec, ctx.out_dir, rows, ctx)
+    print(f"### peers — {rec['timestamp']}\n")
+    print(comparison_table(rec, rates))
+    print(f"\n{jobs:,} jobs per drain run; latency: {duration:g} s of open-loop load per "
+          f"rate, from the intended send time; median of {repeat} run(s); batchq ratio = "
+          "peer's figure ÷ batchq's (drain: batchq's jobs/s ÷ the peer's)")
+    for note in rec["notes"]:
+        print(f"- {note}")
+    print(f"\nrecord: {path}")
+    return 0

@@ -1,0 +1,104 @@
+"""``batchq bench``: the load command against a real worker, and the delegation to the
+harness. The subcommands are added to a bare parser here (``cli_bench.add_commands``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from batchq import cli_bench
+
+APP_SOURCE = """
+import os
+
+import batchq
+
+app = batchq.App(os.environ["BATCHQ_REDIS_URL"], namespace=os.environ["LOADTEST_NS"])
+
+
+@app.task(queue="lt")
+async def ping(n: int, label: str = "") -> None:
+    pass
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="batchq")
+    cli_bench.add_commands(p.add_subparsers(dest="command", required=True))
+    return p
+
+
+@pytest.fixture
+def user_app(tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A user's app module and one worker process serving it; yields ``MODULE:APP``."""
+    module = f"loadtest_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(APP_SOURCE)
+    ns = f"lt{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("BATCHQ_REDIS_URL", redis_url)
+    monkeypatch.setenv("LOADTEST_NS", ns)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHQ_")}
+    env.update(BATCHQ_REDIS_URL=redis_url, LOADTEST_NS=ns)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "batchq", "worker", f"{module}:app", "-c", "10",
+         "--no-metrics", "--log-level", "WARNING"],
+        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL)
+    try:
+        yield f"{module}:app"
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+
+
+def test_load_reports_sends_and_completions(user_app: str, redis_url: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    args = _parser().parse_args(
+        ["bench", "load", "--rate", "100", "--duration", "1", user_app, "ping",
+         "--args", '{"args": [1], "kwargs": {"label": "x"}}', "--redis-url", redis_url,
+         "--settle", "20", "--json"])
+    assert args.handler(args) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert report["task"] == "ping" and report["queue"] == "lt"
+    assert report["sent"] == report["scheduled"] == 100 and report["errors"] == 0
+    assert report["completed"] == 100 and report["others_enqueued"] == 0
+    assert report["settled_after_last_send_s"] is not None
+    assert report["achieved_send_rate"] > 0 and report["completion_rate"] > 0
+    late = report["send_lateness_ms"]
+    assert late["p50"] <= late["p90"] <= late["p99"] <= late["p99.9"] <= late["max"]
+    assert "sent " in captured.err  # the progress lines
+
+
+def test_load_table_and_bad_input(user_app: str, redis_url: str,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    p = _parser()
+    args = p.parse_args(["bench", "load", "--rate", "50", "--duration", "0.2", user_app,
+                         "ping", "--args", "[2]", "--redis-url", redis_url])
+    assert args.handler(args) == 0
+    out = capsys.readouterr().out
+    assert "| send lateness p50 / p90 / p99 / p99.9 / max |" in out
+    args = p.parse_args(["bench", "load", "--rate", "50", "--duration", "0.2", user_app,
+                         "nope", "--redis-url", redis_url])
+    assert args.handler(args) == 2
+    assert "no task 'nope'" in capsys.readouterr().err
+
+
+def test_harness_delegation(monkeypatch: pytest.MonkeyPatch,
+                            capsys: pytest.CaptureFixture[str]) -> None:
+    args = _parser().parse_args(["bench", "drain", "--quick", "--jobs", "5"])
+    assert args.handler is cli_bench.cmd_harness and args.rest == ["--quick", "--jobs", "5"]
+
+    def missing(name: str) -> None:
+        raise ImportError(f"No module named {name!r}")
+
+    monkeypatch.setattr(cli_bench.importlib, "import_module", missing)
+    assert args.handler(args) == 2
+    assert "source checkout" in capsys.readouterr().err

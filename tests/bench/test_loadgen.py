@@ -1,0 +1,71 @@
+"""batchq.loadgen: the log-linear histogram and the open-loop schedule (no Redis)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+from batchq.loadgen import Histogram, LoadState, aopen_loop, open_loop, percentile_keys
+
+
+def test_histogram_percentiles_within_a_bucket() -> None:
+    rng = random.Random(7)
+    values = [rng.lognormvariate(-6, 1.5) for _ in range(20_000)]  # ~2.5 ms median
+    h = Histogram()
+    h.record_many(values)
+    exact = sorted(values)
+    for p in (50.0, 90.0, 99.0, 99.9):
+        true = exact[max(0, int(p / 100 * len(exact) + 0.999999) - 1)]
+        got = h.percentile_s(p)
+        assert true - 1e-6 <= got <= true * 1.01 + 2e-6, (p, true, got)
+    assert h.max_s == round(max(values) * 1e6) / 1e6
+    s = h.summary_ms()
+    assert list(s) == percentile_keys()
+    assert list(s.values()) == sorted(s.values())
+
+
+def test_histogram_merge_and_round_trip() -> None:
+    a, b = Histogram(), Histogram()
+    a.record_many([0.001, 0.002, -0.5])  # negative: clock skew, counts as zero
+    b.record_many([0.5, 3.0])
+    a.merge(b)
+    assert a.count == 5 and a.min_us == 0 and a.max_us == 3_000_000
+    c = Histogram.from_dict(a.to_dict())
+    assert c.to_dict() == a.to_dict()
+    assert c.percentile_s(100) == 3.0 and Histogram().percentile_s(50) == 0.0
+
+
+def test_open_loop_keeps_the_schedule_through_a_stall() -> None:
+    calls: list[tuple[list[float], float]] = []
+
+    def send(intended: list[float], sent_at: float) -> None:
+        calls.append((intended, sent_at))
+        if len(calls) == 3:
+            time.sleep(0.1)  # a stalled producer: the jobs due meanwhile go out late
+
+    st = open_loop(send, rate=200, duration_s=0.5)
+    intended = [t for batch, _ in calls for t in batch]
+    assert st.sent == st.total == 100 and len(intended) == 100
+    assert all(abs(intended[i] - (st.start_s + i / 200)) < 1e-9 for i in range(100))
+    assert any(len(batch) > 1 for batch, _ in calls)  # the backlog went out together
+    assert st.lateness.max_s >= 0.09  # and its lateness was recorded, not hidden
+    assert st.lateness.count == 100
+
+
+def test_aopen_loop_counts_errors_and_goes_on() -> None:
+    seen: list[float] = []
+
+    async def send(intended: list[float], sent_at: float) -> None:
+        if len(seen) == 5:
+            seen.append(-1.0)
+            raise ConnectionError("boom")
+        seen.extend(intended)
+
+    state = LoadState(rate=100, duration_s=0.2)
+    st = asyncio.run(aopen_loop(send, 100, 0.2, state=state))
+    assert st is state and st.finished
+    assert st.errors >= 1 and st.sent + st.errors == st.total == 20
+    assert st.first_error == "ConnectionError: boom"
+    d = st.as_dict()
+    assert d["sent"] == st.sent and d["send_lateness_ms"]["p50"] >= 0
