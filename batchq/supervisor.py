@@ -124,9 +124,10 @@ class Supervisor:
             while True:
                 self._reap()
                 self._publish_state()
-                if self._halt is not None:
+                if self._halt is not None and not self._stopping:
+                    # a child could not boot: stop the others, then exit with its code
+                    self._exit_code = self._halt
                     self._stop(fast=True)
-                    return self._halt
                 if self._stopping:
                     if not self.children:
                         return self._exit_code
