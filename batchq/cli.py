@@ -150,7 +150,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from .connection import RedisSettings
     from .health import check
     from .logs import setup_logging
-    from .worker import WorkerSettings, run_worker
+    from .worker import EXIT_RECYCLED, WorkerSettings, run_worker
 
     try:
         setup_logging(args.log_level, args.log_format, "supervisor" if args.processes else
@@ -197,7 +197,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
             serve_in_thread(app, args.metrics_addr, args.metrics_port)
         try:
-            return run_worker(app, settings)
+            code = run_worker(app, settings)
+            return EXIT_OK if code == EXIT_RECYCLED else code
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             log.error("lost Redis during start-up: %s", exc)
             return EXIT_REDIS

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from types import FrameType
 
 from .app import App
-from .worker import WorkerSettings
+from .worker import EXIT_RECYCLED, WorkerSettings
 
 log = logging.getLogger("batchq.supervisor")
 
@@ -103,6 +103,8 @@ class Supervisor:
         self._halt: int | None = None
         self._dir = ""
         self._booted = False
+        self._drained = False
+        """Burst mode: a child exited 0 because the queues were empty."""
         self._stop_deadline = 0.0
         self._metrics_pid: int | None = None
         self._metrics_next_at = 0.0
@@ -136,7 +138,7 @@ class Supervisor:
                     self._murder_unresponsive()
                     self._manage()
                     self._manage_metrics()
-                    if self.worker_settings.burst and self._booted and not self.children:
+                    if self.worker_settings.burst and self._drained and not self.children:
                         log.info("burst: every worker finished")
                         return self._exit_code
                 self._sleep(0.2 if self._stopping else 1.0)
@@ -335,12 +337,15 @@ class Supervisor:
         if self._stopping:
             log.info("worker %d (pid %d) exited (%d)", child.index, child.pid, code)
             return
+        if code == EXIT_RECYCLED:
+            log.info("worker %d (pid %d) recycled", child.index, child.pid)
+            self.restarts["recycled"] += 1
+            self._deaths_in_a_row = 0
+            return
         if code == 0:
             log.info("worker %d (pid %d) finished", child.index, child.pid)
             if self.worker_settings.burst:
-                self._booted = True
-            elif child.generation == self._generation and child.term_sent_at is None:
-                self.restarts["recycled"] += 1
+                self._booted = self._drained = True
             self._deaths_in_a_row = 0
             return
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
@@ -349,7 +354,8 @@ class Supervisor:
             if child.generation > 0 and self._booted:
                 log.error("worker %d of generation %d could not boot (%s): keeping the "
                           "running generation", child.index, child.generation, how)
-                self._generation -= 1
+                if child.generation == self._generation:
+                    self._generation -= 1  # once per failed generation, not per child
                 return
             log.error("worker %d could not boot (%s): stopping", child.index, how)
             self._halt = code
@@ -411,8 +417,8 @@ class Supervisor:
                 c.term_sent_at = time.monotonic() + 1e9  # draining: not a hang
                 self._kill(c.pid, signal.SIGTERM)
                 draining += 1
-        if self.worker_settings.burst and self._booted:
-            return  # burst children are not replaced once one has finished
+        if self.worker_settings.burst and self._drained:
+            return  # burst children are not replaced once one found the queues empty
         if len(current) < self.target and time.monotonic() >= self._next_spawn_at:
             for _ in range(self.target - len(current)):
                 self._spawn(gen)
@@ -448,6 +454,8 @@ class Supervisor:
     def _child_main(self, index: int, generation: int, heartbeat: str) -> int:
         for name in self.SIGNALS:
             signal.signal(getattr(signal, f"SIG{name}"), signal.SIG_DFL)
+        # until the loop installs its handler, a TSTP must not stop this process
+        signal.signal(signal.SIGTSTP, signal.SIG_IGN)
         os.close(self._pipe_r)
         os.close(self._pipe_w)
         from .logs import setup_logging
@@ -469,7 +477,8 @@ class Supervisor:
         app.redis_settings = self.app.redis_settings  # a --redis-url given to the CLI
         from .worker import run_worker
 
-        settings = replace(self.worker_settings, heartbeat_path=heartbeat)
+        settings = replace(self.worker_settings, heartbeat_path=heartbeat,
+                           start_paused=self._paused)
         import redis
 
         try:

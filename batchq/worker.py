@@ -69,6 +69,10 @@ METRICS_EVERY_S = 1.0
 REGISTRY_EVERY_S = 5.0
 """How often a worker refreshes its entry in the worker registry."""
 
+EXIT_RECYCLED = 5
+"""Exit code of a worker that stopped at ``max_jobs``: the supervisor replaces it, even
+in burst mode (exit 0 in burst mode means the queues are drained)."""
+
 _CONN_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
 _REDIS_ERRORS = (*_CONN_ERRORS, redis.RedisError, RedisClusterException)
 """Any failed Redis call: a lost connection, a refusal (OOM, READONLY, NOPERM), and on a
@@ -98,6 +102,8 @@ class WorkerSettings:
     """A file whose mtime the loop refreshes every ``heartbeat_interval_s``; the
     supervisor kills a child whose file goes stale (a blocked event loop)."""
     heartbeat_interval_s: float = 1.0
+    start_paused: bool = False
+    """Start with fetching paused (a child forked while its supervisor is paused)."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -181,7 +187,9 @@ class Worker:
         self._wake_tasks: dict[str, asyncio.Task[None]] = {}
         """Cluster mode: one blocking wait per wake list, kept across idle waits."""
         self._idle = False
-        self._fetch_paused = False
+        self._fetch_paused = self.settings.start_paused
+        self.recycled = False
+        """True when the worker stopped because it reached ``max_jobs``."""
         self._closing = False
         self._waking = 0
         self._m: Recorder | None = None
@@ -254,7 +262,7 @@ class Worker:
             await self._flush_with_retry(final=True)
             self._publish_metrics()
             await self._close()
-        return 0
+        return EXIT_RECYCLED if self.recycled else 0
 
     def _install_signals(self) -> None:
         loop = self._loop
@@ -375,6 +383,7 @@ class Worker:
                 free = min(free, s.max_jobs - self._jobs_done - self._in_flight)
                 if free <= 0 and self._in_flight == 0:
                     log.info("max jobs (%d) reached: recycling", s.max_jobs)
+                    self.recycled = True
                     self._stopping = True
                     break
             if free <= 0 or len(self._work) >= 2 * s.fetch_batch:
@@ -524,8 +533,9 @@ class Worker:
             log.warning("blocking wait failed (%s)", exc)
             await asyncio.sleep(0.5)
             return
-        if res is not None and not self._idle and not self._stopping:
-            # the token arrived while this worker was busy: pass it on to an idle one
+        if res is not None and (not self._idle or self._fetch_paused or self._stopping):
+            # the token arrived while this worker was busy, paused or stopping: pass it on
+            # to an idle one
             with contextlib.suppress(*_REDIS_ERRORS):
                 await self._redis.rpush(res[0], "1")
 

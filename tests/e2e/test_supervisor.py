@@ -1,0 +1,579 @@
+"""End-to-end tests of the pre-fork supervisor: ``batchq worker apps.sup_app:app -p N``.
+
+Real CLI processes, real signals sent with ``os.kill`` to the pids these tests started
+(the supervisor, or one of its children found through ``/proc``). What the workers did
+is read from the run records that ``apps.sup_app`` writes outside the queue under test
+(``<ns>:starts`` / ``<ns>:runs``: "<job id> <attempt> <pid> <VERSION>"), and the queue
+state from ``Queue.stats()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import redis
+from apps import sup_app
+from helpers import CliProcess, run_cli, start_cli, wait_until
+
+import batchq
+from batchq.embedded import EmbeddedServer
+
+APP = "apps.sup_app:app"
+
+T = TypeVar("T")
+
+
+# --- processes -------------------------------------------------------------------------
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, ppid) of a live process, None if it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return fields[0], int(fields[1])
+
+
+def children(pid: int) -> set[int]:
+    """Live (not zombie) children of ``pid``, found by scanning /proc for their ppid."""
+    out: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        st = _stat(int(entry))
+        if st is not None and st[1] == pid and st[0] != "Z":
+            out.add(int(entry))
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def alive(pid: int) -> bool:
+    st = _stat(pid)
+    return st is not None and st[0] != "Z"
+
+
+@dataclass(frozen=True)
+class Run:
+    id: str
+    attempt: int
+    pid: int
+    version: str
+
+
+@dataclass
+class Harness:
+    """One test's namespace, producer app, version file and started processes."""
+
+    url: str
+    ns: str
+    version_file: Path
+    r: redis.Redis
+    app: batchq.App
+    procs: list[CliProcess] = field(default_factory=list)
+    seen_children: set[int] = field(default_factory=set)
+
+    @property
+    def env(self) -> dict[str, str | None]:
+        return {"BATCHQ_REDIS_URL": self.url, "SUP_NS": self.ns,
+                "SUP_VERSION_FILE": str(self.version_file)}
+
+    def start(self, *flags: str, env: dict[str, str | None] | None = None) -> CliProcess:
+        """``batchq worker apps.sup_app:app *flags``; without ``--metrics-port`` the
+        metrics server is off (port 0), so the supervisor's children are its workers."""
+        if "--metrics-port" not in flags:
+            flags = (*flags, "--metrics-port", "0")
+        proc = start_cli(["worker", APP, *flags], env={**self.env, **(env or {})})
+        self.procs.append(proc)
+        return proc
+
+    def children(self, proc: CliProcess) -> set[int]:
+        kids = children(proc.pid)
+        self.seen_children |= kids
+        return kids
+
+    def wait_children(self, proc: CliProcess, n: int, timeout_s: float = 15.0) -> set[int]:
+        """Wait until the supervisor has exactly ``n`` children that are serving."""
+
+        def check() -> set[int] | None:
+            assert proc.poll() is None, f"supervisor exited {proc.returncode}:\n{log(proc)}"
+            kids = self.children(proc)
+            if len(kids) != n:
+                return None
+            serving = {int(p) for p in _serving_pids(proc) if p.isdigit()}
+            return kids if kids <= serving else None
+
+        return self.until(check, timeout_s, f"{n} serving children")
+
+    def until(self, predicate: Callable[[], T], timeout_s: float, what: str) -> T:
+        """``wait_until`` whose failure message shows the queue and the logs as they
+        are when it fails."""
+        try:
+            return wait_until(predicate, timeout_s, 0.05)
+        except AssertionError:
+            raise AssertionError(f"{what} (within {timeout_s}s)\n{self.stats()}\n"
+                                 f"{self.logs()}") from None
+
+    def enqueue(self, task: str, items: list[Any]) -> list[str]:
+        return self.app.tasks[task].enqueue_many(items)
+
+    def records(self, key: str) -> list[Run]:
+        out = []
+        for raw in self.r.lrange(key, 0, -1):
+            jid, attempt, pid, version = raw.decode().split(" ")
+            out.append(Run(jid, int(attempt), int(pid), version))
+        return out
+
+    def starts(self) -> list[Run]:
+        return self.records(sup_app.starts_key(self.ns))
+
+    def runs(self) -> list[Run]:
+        return self.records(sup_app.runs_key(self.ns))
+
+    def done_ids(self) -> set[str]:
+        return {run.id for run in self.runs()}
+
+    def wait_done(self, ids: list[str], timeout_s: float = 20.0) -> None:
+        want = set(ids)
+        self.until(lambda: want <= self.done_ids(), timeout_s,
+                   f"{len(want)} jobs done")
+
+    def stats(self) -> batchq.QueueStats:
+        return self.app.queue("default").stats()
+
+    def logs(self) -> str:
+        return "\n".join(log_tail(p) for p in self.procs)
+
+    def cleanup(self) -> None:
+        """Stop what this test started: supervisors (fast), then any child left over."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                self.children(proc)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGINT)
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=5)
+        for pid in self.seen_children:  # a child that outlived its supervisor
+            if alive(pid) and APP in _cmdline(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        self.app.close()
+
+
+def log(proc: CliProcess) -> str:
+    return proc.read_log()
+
+
+def log_tail(proc: CliProcess, lines: int = 40) -> str:
+    return f"--- log of pid {proc.pid} ---\n" + "\n".join(log(proc).splitlines()[-lines:])
+
+
+def _serving_pids(proc: CliProcess) -> list[str]:
+    """Pids that logged 'worker <host>:<pid> serving ...' (plain or JSON logs)."""
+    out = []
+    for line in log(proc).splitlines():
+        if " serving " in line and "worker " in line:
+            head = line.split(" serving ", 1)[0]
+            out.append(head.rsplit(":", 1)[-1])
+    return out
+
+
+def wait_exit(proc: CliProcess, timeout_s: float) -> tuple[int, float]:
+    """(exit code, seconds waited); fails the test if it does not exit in time."""
+    t0 = time.monotonic()
+    try:
+        code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"pid {proc.pid} still running after {timeout_s}s\n{log_tail(proc)}")
+    return code, time.monotonic() - t0
+
+
+@pytest.fixture
+def h(redis_url: str, namespace: str, tmp_path: Path) -> Iterator[Harness]:
+    version_file = tmp_path / "version"
+    version_file.write_text("v1\n")
+    client = redis.Redis.from_url(redis_url)
+    harness = Harness(redis_url, namespace, version_file, client,
+                      sup_app.build(namespace, redis_url))
+    try:
+        yield harness
+    finally:
+        harness.cleanup()
+        client.close()
+
+
+# --- 1. a child killed mid-run -------------------------------------------------------
+
+
+def test_sigkill_of_a_child_is_replaced_and_only_its_jobs_run_twice(h: Harness) -> None:
+    ids = h.enqueue("slow", [(1.0,)] * 60)
+    sup = h.start("-p", "3", "-c", "5", "--fetch-batch", "5", "--lease-s", "2")
+    before = h.wait_children(sup, 3)
+    # a child that is running jobs right now
+    victim = h.until(lambda: next((s.pid for s in h.starts() if s.pid in before), None),
+                     10, "a child started a job")
+    time.sleep(0.3)
+    os.kill(victim, signal.SIGKILL)
+    after = h.until(lambda: (k := h.children(sup)) and len(k) == 3 and victim not in k
+                    and k, 10, "a replacement child")
+    assert len(after - before) == 1
+    h.wait_done(ids, timeout_s=30)
+
+    starts = h.starts()
+    by_id: dict[str, list[Run]] = {}
+    for s in starts:
+        by_id.setdefault(s.id, []).append(s)
+    twice = {jid: rs for jid, rs in by_id.items() if len(rs) > 1}
+    for jid, rs in twice.items():
+        assert rs[0].pid == victim, f"{jid} ran twice but not first on the killed child: {rs}"
+    # every job the killed child had started and not finished ran again elsewhere
+    victim_done = {r.id for r in h.runs() if r.pid == victim}
+    for s in starts:
+        if s.pid == victim and s.id not in victim_done:
+            assert len(by_id[s.id]) >= 2, f"{s.id} was interrupted and never retried"
+    st = h.stats()
+    assert (st.ready, st.reserved, st.delayed, st.dead) == (0, 0, 0, 0)
+    assert "died (signal SIGKILL)" in log(sup)
+    assert sup.poll() is None
+
+
+# --- 2. SIGTERM with hundreds of jobs in flight --------------------------------------
+
+
+def test_sigterm_drains_in_time_and_a_burst_worker_finishes_the_rest(h: Harness) -> None:
+    ids = h.enqueue("slow", [(0.5,)] * 900)
+    sup = h.start("-p", "3", "-c", "100", "--shutdown-timeout", "5", "--lease-s", "10")
+    kids = h.wait_children(sup, 3)
+    h.until(lambda: h.stats().reserved >= 500, 15, "500 jobs in flight")
+    os.kill(sup.pid, signal.SIGTERM)
+    code, took = wait_exit(sup, 5 + 5 + 2)
+    assert code == 0, log_tail(sup)
+    assert took <= 5 + 5, f"{took:.1f}s\n{log_tail(sup)}"
+    assert h.stats().reserved == 0
+    assert not any(alive(pid) for pid in kids), "a child outlived the supervisor"
+    assert "Traceback" not in log(sup)
+    assert "after the shutdown timeout: SIGKILL" not in log(sup), "children did not exit"
+
+    done_by_sup = h.done_ids()
+    assert done_by_sup, "the supervisor's children ran nothing"
+    rest = run_cli(["worker", APP, "--burst", "-c", "200", "--lease-s", "10"], env=h.env,
+                   timeout_s=60)
+    assert rest.returncode == 0, rest.stderr[-3000:]
+    runs = Counter(r.id for r in h.runs())
+    assert set(runs) == set(ids), f"{len(set(ids) - set(runs))} jobs lost"
+    assert max(runs.values()) == 1, "a job ran twice although no worker died"
+    st = h.stats()
+    assert (st.ready, st.reserved, st.delayed, st.dead) == (0, 0, 0, 0)
+
+
+# --- 3. SIGHUP: rolling restart with a fresh import ----------------------------------
+
+
+def test_sighup_reimports_the_app_replaces_every_child_and_loses_nothing(h: Harness) -> None:
+    sup = h.start("-p", "2", "-c", "10", "--fetch-batch", "5", "--lease-s", "5")
+    old = h.wait_children(sup, 2)
+    first = h.enqueue("which_version", [()] * 10)
+    h.wait_done(first)
+    assert {r.version for r in h.runs()} == {"v1"}
+
+    slow = h.enqueue("slow", [(0.3,)] * 40)
+    h.until(lambda: len(h.starts()) > 15, 10, "slow jobs running")
+    h.version_file.write_text("v2\n")
+    os.kill(sup.pid, signal.SIGHUP)
+    new = h.until(lambda: (k := h.children(sup)) and len(k) == 2 and not k & old and k,
+                  20, "every child replaced")
+    h.wait_children(sup, 2)
+    assert not any(alive(pid) for pid in old)
+
+    after = h.enqueue("which_version", [()] * 10)
+    h.wait_done(after + slow)
+    runs = h.runs()
+    assert {r.version for r in runs if r.id in set(after)} == {"v2"}
+    assert {r.pid for r in runs if r.id in set(after)} <= new
+    counts = Counter(r.id for r in runs)
+    assert all(counts[i] == 1 for i in first + slow + after), "a job was lost or ran twice"
+    assert sup.poll() is None
+
+
+def test_sighup_into_code_that_fails_to_import_keeps_the_running_children(
+        h: Harness) -> None:
+    sup = h.start("-p", "2", "-c", "10")
+    old = h.wait_children(sup, 2)
+    h.version_file.write_text("RAISE\n")
+    os.kill(sup.pid, signal.SIGHUP)
+    h.until(lambda: "could not boot" in log(sup), 15, "a new child failed to boot")
+    time.sleep(3)  # time enough for a wrong rolling restart to happen
+    assert sup.poll() is None, log_tail(sup)
+    assert h.children(sup) == old, f"the running generation was replaced\n{log_tail(sup)}"
+    ids = h.enqueue("which_version", [()] * 5)
+    h.wait_done(ids)
+    assert {r.version for r in h.runs()} == {"v1"}
+
+    # the code is fixed: the next SIGHUP must load it
+    h.version_file.write_text("v3\n")
+    os.kill(sup.pid, signal.SIGHUP)
+    h.until(lambda: (k := h.children(sup)) and len(k) == 2 and not k & old, 20,
+            "every child replaced")
+    h.wait_children(sup, 2)
+    ids = h.enqueue("which_version", [()] * 5)
+    h.wait_done(ids)
+    assert {r.version for r in h.runs() if r.id in set(ids)} == {"v3"}, log_tail(sup)
+
+
+# --- 4. a handler that blocks the event loop -----------------------------------------
+
+
+def test_a_child_with_a_blocked_loop_is_killed_and_its_job_retried(h: Harness) -> None:
+    hog = h.app.tasks["hog"]
+    sup = h.start("-p", "3", "-c", "2", "--fetch-batch", "2", "--heartbeat-timeout", "2",
+                  "--lease-s", "2")
+    h.wait_children(sup, 3)
+    once = hog.enqueue(30, 1)  # blocks the loop on attempt 1 only
+    h.until(lambda: any(s.id == once for s in h.starts()), 10, "the first hog started")
+    always = hog.options(max_attempts=2).enqueue(30, 99)  # blocks on every attempt
+    quick = h.enqueue("quick", [()] * 30)
+
+    h.wait_done([once, *quick], timeout_s=30)
+    assert min(s.attempt for s in h.starts() if s.id == once) == 1  # the one that blocked
+    (retry,) = [r.attempt for r in h.runs() if r.id == once]
+    assert retry >= 2
+
+    q = h.app.queue("default")
+    h.until(lambda: q.dead_ids() == [always], 30, "the always-blocking job dead-lettered")
+    (dead,) = q.dead_jobs()
+    assert dead.reason == "lease_expired"
+    assert dead.attempts == 2
+    assert always not in h.done_ids()
+
+    # every child whose loop blocked was killed, and the pool is back to 3
+    blocked = {s.pid for s in h.starts()
+               if s.id == always or (s.id == once and s.attempt == 1)}
+    h.until(lambda: not any(alive(p) for p in blocked), 20, "blocked children killed")
+    kids = h.wait_children(sup, 3)
+    assert not kids & blocked
+    assert log(sup).count("unresponsive") >= len(blocked)
+    assert sup.poll() is None
+
+
+# --- 5. cannot start -----------------------------------------------------------------
+
+
+def test_an_app_that_cannot_be_imported_exits_3_without_a_crash_loop(h: Harness) -> None:
+    h.version_file.write_text("RAISE\n")
+    sup = h.start("-p", "2")
+    code, took = wait_exit(sup, 15)
+    assert code == 3, log_tail(sup)
+    assert took < 10
+    text = log(sup)
+    assert "cannot import 'apps.sup_app'" in text and "RAISE" in text, text
+    assert " serving " not in text
+
+
+def test_unreachable_redis_exits_4_quickly(h: Harness) -> None:
+    sup = h.start("-p", "2", "--redis-url", "redis://127.0.0.1:1/0")
+    code, took = wait_exit(sup, 15)
+    assert code == 4, log_tail(sup)
+    assert took < 10
+    assert "cannot reach Redis" in log(sup)
+
+
+# --- 6. TTIN / TTOU ------------------------------------------------------------------
+
+
+def test_ttin_and_ttou_change_the_number_of_children(h: Harness) -> None:
+    sup = h.start("-p", "3")
+    three = h.wait_children(sup, 3)
+    os.kill(sup.pid, signal.SIGTTIN)
+    four = h.wait_children(sup, 4)
+    assert three < four
+    os.kill(sup.pid, signal.SIGTTOU)
+    back = h.wait_children(sup, 3)
+    assert back < four
+    ids = h.enqueue("quick", [()] * 20)
+    h.wait_done(ids)
+    assert sup.poll() is None
+
+
+# --- 7. TSTP / CONT ------------------------------------------------------------------
+
+
+def _wait_paused(h: Harness, sup: CliProcess, n: int) -> None:
+    h.until(lambda: log(sup).count("fetching paused") >= n, 10, f"{n} children paused")
+
+
+def test_sigtstp_pauses_fetching_and_sigcont_resumes(h: Harness) -> None:
+    sup = h.start("-p", "2")
+    h.wait_children(sup, 2)
+    os.kill(sup.pid, signal.SIGTSTP)
+    _wait_paused(h, sup, 2)
+    ids = h.enqueue("quick", [()] * 10)
+    time.sleep(1.5)
+    st = h.stats()
+    assert (st.ready, st.reserved) == (10, 0)
+    assert h.runs() == []
+    os.kill(sup.pid, signal.SIGCONT)
+    h.wait_done(ids, timeout_s=10)
+    assert sup.poll() is None
+
+
+def test_a_child_started_while_paused_is_paused_too(h: Harness) -> None:
+    # -p 1: no paused sibling whose pending BLPOP could take the wake token instead
+    sup = h.start("-p", "1")
+    (child,) = h.wait_children(sup, 1)
+    os.kill(sup.pid, signal.SIGTSTP)
+    _wait_paused(h, sup, 1)
+    os.kill(child, signal.SIGKILL)  # the supervisor replaces it while paused
+    h.until(lambda: (k := h.children(sup)) and child not in k and k, 10, "a replacement")
+    h.wait_children(sup, 1)
+    ids = h.enqueue("quick", [()] * 10)
+    time.sleep(1.5)
+    st = h.stats()
+    assert (st.ready, st.reserved) == (10, 0), (
+        f"a replacement child fetched while the supervisor is paused: {st}")
+    os.kill(sup.pid, signal.SIGCONT)
+    h.wait_done(ids, timeout_s=10)
+
+
+# --- 8. recycling ----------------------------------------------------------------------
+
+
+def test_max_jobs_per_child_recycles_children_and_runs_every_job_once(h: Harness) -> None:
+    ids = h.enqueue("quick", [()] * 300)
+    sup = h.start("-p", "1", "--max-jobs-per-child", "50")
+    h.wait_done(ids, timeout_s=20)
+    runs = h.runs()
+    counts = Counter(r.id for r in runs)
+    assert set(counts) == set(ids)
+    assert max(counts.values()) == 1
+    per_pid = Counter(r.pid for r in runs)
+    assert len(per_pid) >= 6, per_pid
+    assert max(per_pid.values()) <= 50, per_pid
+    assert sup.poll() is None
+    assert "died" not in log(sup)
+
+
+# --- 9. SIGINT ---------------------------------------------------------------------------
+
+
+def test_sigint_is_fast_and_gives_running_jobs_back(h: Harness) -> None:
+    ids = h.enqueue("slow", [(30,)] * 20)
+    sup = h.start("-p", "2", "-c", "10", "--fetch-batch", "10", "--lease-s", "30")
+    kids = h.wait_children(sup, 2)
+    h.until(lambda: len(h.starts()) >= 10 and h.stats().reserved == 20, 10, "jobs running")
+    os.kill(sup.pid, signal.SIGINT)
+    code, took = wait_exit(sup, 10)
+    assert code == 0, log_tail(sup)
+    # fast: the 30 s jobs are interrupted (the supervisor's SIGKILL deadline is 2 s)
+    assert took < 5, f"{took:.1f}s\n{log_tail(sup)}"
+    assert "SIGKILL" not in log(sup), log_tail(sup)
+    st = h.stats()
+    assert (st.ready, st.reserved, st.dead) == (20, 0, 0), f"{st}\n{log_tail(sup)}"
+    assert h.runs() == []
+    assert not any(alive(pid) for pid in kids)
+    assert len(ids) == 20
+
+
+# --- 10. JSON logs, and no password in them ----------------------------------------------
+
+
+def test_json_logs_name_pid_and_role_and_never_show_the_password(
+        h: Harness, namespace: str) -> None:
+    with EmbeddedServer() as server:
+        # the password is set after start: see the EmbeddedServer test below
+        redis.Redis(port=server.port).config_set("requirepass", "sekret")
+        url = f"redis://:sekret@127.0.0.1:{server.port}/0"
+        h.app = sup_app.build(namespace, url)
+        h.r = redis.Redis.from_url(url)
+        sup = h.start("-p", "2", "--log-format", "json", "--redis-url", url,
+                      env={"BATCHQ_REDIS_URL": None})
+        kids = h.wait_children(sup, 2)
+        ids = h.enqueue("quick", [()] * 20)
+        h.wait_done(ids)
+        os.kill(min(kids), signal.SIGKILL)  # a warning line from the supervisor
+        h.wait_children(sup, 2)
+        os.kill(sup.pid, signal.SIGTERM)
+        code, _ = wait_exit(sup, 15)
+        h.r.close()
+    assert code == 0
+    text = log(sup)
+    assert "sekret" not in text
+    roles = set()
+    for line in text.splitlines():
+        obj = json.loads(line)  # every line is one JSON object
+        assert isinstance(obj, dict), line
+        assert isinstance(obj["pid"], int) and obj["role"], line
+        roles.add(obj["role"])
+        if obj["role"] == "supervisor":
+            assert obj["pid"] == sup.pid, line
+        else:
+            assert obj["pid"] in h.seen_children, line
+    assert "supervisor" in roles
+    assert any(r.startswith("worker-") for r in roles), roles
+
+
+def test_embedded_server_with_requirepass_starts() -> None:
+    server = EmbeddedServer(extra_args=["--requirepass", "sekret"])
+    try:
+        server.start(timeout_s=3)
+        client = redis.Redis(port=server.port, password="sekret")
+        assert client.ping()
+        client.close()
+    finally:
+        server.stop()
+
+
+# --- 11. burst -----------------------------------------------------------------------------
+
+
+def test_burst_supervisor_exits_0_once_the_queue_is_drained(h: Harness) -> None:
+    ids = h.enqueue("quick", [()] * 50)
+    sup = h.start("-p", "2", "--burst")
+    code, _ = wait_exit(sup, 20)
+    assert code == 0, log_tail(sup)
+    assert Counter(r.id for r in h.runs()) == Counter(ids)
+    assert h.stats().pending == 0
+
+
+def test_burst_with_recycling_still_drains_the_queue(h: Harness) -> None:
+    ids = h.enqueue("quick", [()] * 40)
+    sup = h.start("-p", "1", "--burst", "--max-jobs-per-child", "10")
+    code, _ = wait_exit(sup, 20)
+    assert code == 0, log_tail(sup)
+    st = h.stats()
+    assert st.pending == 0, f"burst exited 0 with {st.pending} jobs left"
+    assert Counter(r.id for r in h.runs()) == Counter(ids)
+
+
+def test_burst_replaces_a_child_that_died(h: Harness) -> None:
+    ids = h.enqueue("slow", [(1.0,)] * 6)
+    sup = h.start("-p", "1", "--burst", "--lease-s", "2")
+    (child,) = h.wait_children(sup, 1)
+    h.until(lambda: any(s.pid == child for s in h.starts()), 10, "a job started")
+    os.kill(child, signal.SIGKILL)
+    code, _ = wait_exit(sup, 30)
+    assert code == 0, log_tail(sup)
+    st = h.stats()
+    assert st.pending == 0, f"burst exited 0 with {st.pending} jobs left\n{log_tail(sup)}"
+    assert set(ids) <= h.done_ids()
