@@ -180,6 +180,7 @@ class App:
         self._sync_scripts: SyncScripts | None = None
         self._async: dict[asyncio.AbstractEventLoop, tuple[AsyncRedis, AsyncScripts]] = {}
         self._registered: set[str] = set()
+        self._coalescers: dict[asyncio.AbstractEventLoop, producer.Coalescer] = {}
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -270,6 +271,7 @@ class App:
             self._sync = None
             self._sync_scripts = None
             self._async = {}
+            self._coalescers = {}
             self._registered = set()
 
     @property
@@ -298,6 +300,17 @@ class App:
             client = self.redis_settings.async_client()
             pair = self._async[loop] = (client, AsyncScripts(client))
         return pair
+
+    def coalescer(self) -> producer.Coalescer:
+        """The ``aenqueue`` coalescer of the running event loop."""
+        self._check_fork()
+        loop = asyncio.get_running_loop()
+        c = self._coalescers.get(loop)
+        if c is None:
+            for old in [lp for lp in self._coalescers if lp.is_closed()]:
+                del self._coalescers[old]
+            c = self._coalescers[loop] = producer.Coalescer()
+        return c
 
     def async_redis(self) -> AsyncRedis:
         """The asyncio client of the running event loop (one per loop)."""
