@@ -4,21 +4,50 @@ Clients are built lazily and per process: a forked child never reuses its parent
 sockets. Commands are not retried blindly by redis-py: a retried write could apply twice.
 batchq's callers retry themselves where the operation is idempotent (acks, lease
 extension) or made safe (enqueue checks whether its first try landed).
+
+``redis+cluster://host:port`` (``rediss+cluster://`` for TLS) selects redis-py's cluster
+clients: one seed node is enough, the rest is discovered. Every key of one queue shares a
+hash tag, so each script and per-queue command lands on one node; different queues spread
+over the nodes. Query options (``ssl_ca_certs``, ``ssl_certfile``, ...) work as for a plain
+URL. The cluster clients are returned under the plain client types: they answer the same
+commands (cross-slot multi-key commands aside, which batchq does not send).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio
+import redis.asyncio.cluster
+import redis.asyncio.retry
+import redis.cluster
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
+
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+"""URL schemes that select the cluster client, and the plain scheme each stands for."""
+
+ASYNC_CLUSTER_MAX_CONNECTIONS = 1 << 16
+"""Per-node connection cap of an asyncio cluster client (redis-py's default, 100, raises
+MaxConnectionsError under load; a plain asyncio client's pool is unbounded)."""
+
+
+def is_cluster_url(url: str) -> bool:
+    """True for ``redis+cluster://`` and ``rediss+cluster://`` URLs."""
+    return url.partition("://")[0].lower() in CLUSTER_SCHEMES
+
+
+def plain_url(url: str) -> str:
+    """The URL with ``+cluster`` dropped from the scheme (unchanged otherwise)."""
+    scheme, sep, rest = url.partition("://")
+    plain = CLUSTER_SCHEMES.get(scheme.lower())
+    return f"{plain}{sep}{rest}" if plain else url
 
 
 def resolve_url(url: str | None) -> str:
@@ -29,9 +58,15 @@ def resolve_url(url: str | None) -> str:
 _SECRET_PARAMS = ("password", "pass", "pwd", "auth")
 
 
+def _secret_param(name: str) -> bool:
+    n = name.lower()
+    return n in _SECRET_PARAMS or n.endswith("password")  # ssl_password: the key's
+
+
 def redact(url: str) -> str:
-    """The URL with any password (in the user info or the query) replaced by ``***``,
-    for logs and reprs. Host, port and IPv6 brackets are kept as given."""
+    """The URL with any password (in the user info or the query, ``ssl_password``
+    included) replaced by ``***``, for logs and reprs. Host, port and IPv6 brackets are
+    kept as given."""
     parts = urlsplit(url)
     netloc = parts.netloc
     if parts.password is not None:
@@ -41,9 +76,9 @@ def redact(url: str) -> str:
     query = parts.query
     if query:
         pairs = parse_qsl(query, keep_blank_values=True)
-        if any(k.lower() in _SECRET_PARAMS for k, _ in pairs):
-            query = urlencode([(k, "***" if k.lower() in _SECRET_PARAMS else v)
-                               for k, v in pairs], safe="*")
+        if any(_secret_param(k) for k, _ in pairs):
+            query = urlencode([(k, "***" if _secret_param(k) else v) for k, v in pairs],
+                              safe="*/")
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
@@ -69,9 +104,28 @@ class RedisSettings:
             "decode_responses": False,
         }
 
+    @property
+    def cluster(self) -> bool:
+        """True when the URL selects Redis Cluster (``redis+cluster://``)."""
+        return is_cluster_url(self.url)
+
     def sync_client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.url, **self._kwargs(self.socket_timeout_s))
+        kwargs = self._kwargs(self.socket_timeout_s)
+        if self.cluster:
+            # health checks are per connection in redis-py's cluster client and not a
+            # cluster option; it drops the keyword
+            kwargs.pop("health_check_interval")
+            return cast(redis.Redis,
+                        redis.cluster.RedisCluster.from_url(plain_url(self.url), **kwargs))
+        return redis.Redis.from_url(self.url, **kwargs)
 
     def async_client(self, *, socket_timeout_s: float | None = None) -> redis.asyncio.Redis:
         timeout = self.socket_timeout_s if socket_timeout_s is None else socket_timeout_s
-        return redis.asyncio.Redis.from_url(self.url, **self._kwargs(timeout))
+        kwargs = self._kwargs(timeout)
+        if self.cluster:
+            # the cluster client's own retry object counts re-tries of whole commands
+            kwargs["retry"] = redis.asyncio.retry.Retry(NoBackoff(), 0)
+            kwargs["max_connections"] = ASYNC_CLUSTER_MAX_CONNECTIONS
+            return cast(redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster.from_url(
+                plain_url(self.url), **kwargs))
+        return redis.asyncio.Redis.from_url(self.url, **kwargs)

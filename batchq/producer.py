@@ -38,7 +38,10 @@ WINDOW = 8
 RETRY_DELAYS_S = (0.05, 0.2, 0.5, 1.0, 2.0)
 """Backoff between tries of a write whose connection failed (about 4 s in all)."""
 
-_CONN_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+_CONN_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.TryAgainError,
+                redis.exceptions.ClusterError)
+"""Errors after which a write is retried (in check mode): a lost connection, or a Redis
+Cluster slot moving (the script did not run)."""
 
 
 class Call:

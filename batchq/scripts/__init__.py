@@ -6,6 +6,10 @@ server), SCRIPT LOAD and one retry: a NOSCRIPT reply means the script did not ru
 retry cannot apply it twice. Inside pipelines scripts are queued as plain EVALSHA
 commands (no SCRIPT EXISTS round trip per pipeline, unlike redis-py's ``Script``);
 ``run_pipeline`` / ``arun_pipeline`` re-run just the commands that hit NOSCRIPT.
+
+Cluster clients work the same way: a cluster pipeline routes each queued EVALSHA by its
+keys (one slot: all keys of a queue share a hash tag), ``SCRIPT LOAD`` on a cluster
+client goes to every primary, and the re-run ``evalsha`` is routed by key to its node.
 """
 
 from __future__ import annotations
@@ -19,12 +23,17 @@ from typing import Any
 import redis
 import redis.asyncio
 from redis.asyncio.client import Pipeline as AsyncPipeline
+from redis.asyncio.cluster import ClusterPipeline as AsyncClusterPipeline
 from redis.client import Pipeline as SyncPipeline
+from redis.cluster import ClusterPipeline as SyncClusterPipeline
 from redis.exceptions import NoScriptError
 
 NAMES = ("enqueue", "schedule", "pop", "ack", "nack", "release", "extend", "redrive")
 
 _CALLS = "_batchq_calls"
+
+_SYNC_PIPELINES = (SyncPipeline, SyncClusterPipeline)
+_ASYNC_PIPELINES = (AsyncPipeline, AsyncClusterPipeline)
 
 
 @cache
@@ -61,9 +70,10 @@ class SyncScript(_Lua):
         self.client = client
 
     def __call__(self, keys: Sequence[Any] = (), args: Sequence[Any] = (),
-                 client: redis.Redis | SyncPipeline | None = None) -> Any:
+                 client: redis.Redis | SyncPipeline | SyncClusterPipeline | None = None,
+                 ) -> Any:
         c = client if client is not None else self.client
-        if isinstance(c, SyncPipeline):
+        if isinstance(c, _SYNC_PIPELINES):
             self._queue(c, keys, args)
             return c
         try:
@@ -81,9 +91,10 @@ class AsyncScript(_Lua):
         self.client = client
 
     async def __call__(self, keys: Sequence[Any] = (), args: Sequence[Any] = (),
-                       client: redis.asyncio.Redis | AsyncPipeline | None = None) -> Any:
+                       client: redis.asyncio.Redis | AsyncPipeline | AsyncClusterPipeline
+                       | None = None) -> Any:
         c = client if client is not None else self.client
-        if isinstance(c, AsyncPipeline):
+        if isinstance(c, _ASYNC_PIPELINES):
             self._queue(c, keys, args)
             return c
         try:
@@ -93,15 +104,18 @@ class AsyncScript(_Lua):
             return await c.evalsha(self.sha, len(keys), *keys, *args)
 
 
-def run_pipeline(pipe: SyncPipeline, client: redis.Redis) -> list[Any]:
+def run_pipeline(pipe: SyncPipeline | SyncClusterPipeline, client: redis.Redis) -> list[Any]:
     """Execute a pipeline of queued scripts (``raise_on_error=False``); commands that
     hit NOSCRIPT are loaded and run again one by one. Other errors come back in place."""
     calls = getattr(pipe, _CALLS, [])
     results: list[Any] = pipe.execute(raise_on_error=False)
+    loaded: set[str] = set()
     for i, res in enumerate(results):
         if isinstance(res, NoScriptError) and i < len(calls):
             script, keys, args = calls[i]
-            client.script_load(script.source)
+            if script.name not in loaded:  # once per script (a cluster: every primary)
+                client.script_load(script.source)
+                loaded.add(script.name)
             try:
                 results[i] = client.evalsha(script.sha, len(keys), *keys, *args)
             except redis.ResponseError as exc:
@@ -110,14 +124,18 @@ def run_pipeline(pipe: SyncPipeline, client: redis.Redis) -> list[Any]:
     return results
 
 
-async def arun_pipeline(pipe: AsyncPipeline, client: redis.asyncio.Redis) -> list[Any]:
+async def arun_pipeline(pipe: AsyncPipeline | AsyncClusterPipeline,
+                        client: redis.asyncio.Redis) -> list[Any]:
     """``run_pipeline`` for asyncio."""
     calls = getattr(pipe, _CALLS, [])
     results: list[Any] = await pipe.execute(raise_on_error=False)
+    loaded: set[str] = set()
     for i, res in enumerate(results):
         if isinstance(res, NoScriptError) and i < len(calls):
             script, keys, args = calls[i]
-            await client.script_load(script.source)
+            if script.name not in loaded:
+                await client.script_load(script.source)
+                loaded.add(script.name)
             try:
                 results[i] = await client.evalsha(
                     script.sha, len(keys), *keys, *args)

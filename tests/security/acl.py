@@ -1,0 +1,24 @@
+"""The least-privileged ACL user of batchq: the commands it sends (and those its Lua
+scripts run: ACLs apply inside scripts too), on the keys of one namespace."""
+
+from __future__ import annotations
+
+BATCHQ_COMMANDS = (
+    # connection and health check (HELLO and AUTH need no permission)
+    "+ping", "+info", "+client|setinfo",
+    # scripts: EVALSHA, and SCRIPT LOAD after a NOSCRIPT
+    "+evalsha", "+script|load",
+    # commands the scripts run (ACLs apply inside scripts too)
+    "+time", "+exists", "+lpush", "+rpush", "+lpop", "+llen", "+lpos",
+    "+zadd", "+zrem", "+zrange", "+zrangebyscore", "+zscore", "+zmscore",
+    "+hset", "+hget", "+hdel", "+hexists", "+hincrby",
+    # commands sent directly (worker, producer, Queue, CLI, metrics)
+    "+blpop", "+lindex", "+sadd", "+smembers", "+zcard", "+zremrangebyscore",
+    "+hmget", "+hgetall", "+set", "+del", "+expire", "+multi", "+exec",
+)
+
+
+def acl_setuser_args(user: str, password: str, namespace: str) -> list[str]:
+    """``ACL SETUSER`` arguments of the least-privileged batchq user of ``namespace``."""
+    return [user, "reset", "on", f">{password}", f"~{namespace}:*", "resetchannels",
+            "-@all", *BATCHQ_COMMANDS]

@@ -1,0 +1,146 @@
+"""Fixtures for the security tests: an embedded Valkey with an ACL user limited to what
+batchq needs, self-signed certificates (``openssl`` CLI) and a TLS-terminating proxy
+(the embedded Valkey is built without TLS), and worker processes of
+``security.sec_app:app``."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from urllib.parse import quote
+from uuid import uuid4
+
+import pytest
+import redis
+from helpers import CliProcess, start_cli, wait_until
+
+from batchq.embedded import EmbeddedServer
+
+from .acl import acl_setuser_args
+from .tlsproxy import Certs, TLSProxy, make_certs
+
+APP_REF = "security.sec_app:app"
+
+@dataclass
+class AclServer:
+    """An embedded Valkey where ``default`` is disabled, ``admin`` may do anything and
+    ``batchq`` (password ``password``) only what batchq needs, on keys ``<ns>:*``."""
+
+    server: EmbeddedServer
+    namespace: str
+    password: str
+    admin_password: str
+
+    @property
+    def url(self) -> str:
+        """The batchq user's URL (password percent-encoded)."""
+        return (f"redis://batchq:{quote(self.password, safe='')}@127.0.0.1:"
+                f"{self.server.port}/0")
+
+    def admin(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.server.port, username="admin",
+                           password=self.admin_password, decode_responses=True)
+
+    def denials(self) -> list[dict[str, object]]:
+        """ACL LOG entries (commands or keys refused) since the last reset."""
+        r = self.admin()
+        try:
+            return list(r.acl_log())
+        finally:
+            r.close()
+
+
+@pytest.fixture(scope="module")
+def acl_server() -> Iterator[AclServer]:
+    namespace = f"sec{uuid4().hex[:8]}"
+    # '@' and '/' must be percent-encoded in a URL: the scrubbing must know both forms
+    password = f"pw@{uuid4().hex}/x"
+    admin_password = f"adm{uuid4().hex}"
+    with EmbeddedServer() as server:
+        r = redis.Redis(host="127.0.0.1", port=server.port)
+        try:
+            r.execute_command("ACL", "SETUSER", "admin", "on", f">{admin_password}", "~*",
+                              "&*", "+@all")
+            r.execute_command("ACL", "SETUSER", *acl_setuser_args("batchq", password,
+                                                                  namespace))
+        finally:
+            r.close()
+        s = AclServer(server, namespace, password, admin_password)
+        a = s.admin()
+        try:
+            a.execute_command("ACL", "SETUSER", "default", "off")
+            a.acl_log_reset()
+        finally:
+            a.close()
+        yield s
+
+
+# --- certificates --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    """A CA, a server certificate for 127.0.0.1/localhost and a client certificate it
+    signed, and an unrelated CA."""
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.fixture(scope="module")
+def plain_server() -> Iterator[EmbeddedServer]:
+    with EmbeddedServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def tls_proxy(plain_server: EmbeddedServer, certs: Certs) -> Iterator[TLSProxy]:
+    """TLS on loopback in front of the embedded Valkey (server certificate only)."""
+    with TLSProxy(plain_server.port, certs.server_cert, certs.server_key) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def mtls_proxy(plain_server: EmbeddedServer, certs: Certs) -> Iterator[TLSProxy]:
+    """Like ``tls_proxy``, but clients must show a certificate signed by the CA."""
+    with TLSProxy(plain_server.port, certs.server_cert, certs.server_key,
+                  client_ca=certs.ca) as p:
+        yield p
+
+
+# --- workers ---------------------------------------------------------------------------------
+
+
+def clean_env(**values: str) -> dict[str, str | None]:
+    """The CLI's environment: ``values`` set, every other ``BATCHQ_*`` variable unset."""
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("BATCHQ_")}
+    env.update(values)
+    return env
+
+
+WorkerFactory = Callable[..., CliProcess]
+
+
+@pytest.fixture
+def start_worker() -> Iterator[WorkerFactory]:
+    """``start_worker(env, *args, serving=1)``: ``batchq worker security.sec_app:app
+    *args``; waits until ``serving`` processes serve (``serving=0``: does not wait).
+    Any still running at teardown is SIGKILLed."""
+    procs: list[CliProcess] = []
+
+    def start(env: dict[str, str | None], *args: str, serving: int = 1) -> CliProcess:
+        proc = start_cli(["worker", APP_REF, *args], env=env)
+        procs.append(proc)
+        if serving:
+            wait_until(lambda: proc.read_log().count(" serving ") >= serving
+                       or proc.poll() is not None, timeout_s=30,
+                       message="worker did not start")
+            assert proc.poll() is None, proc.read_log()
+        return proc
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            with contextlib.suppress(Exception):
+                p.stop(signal.SIGKILL, timeout_s=5)

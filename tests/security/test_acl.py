@@ -1,0 +1,133 @@
+"""A least-privileged ACL user: only the commands batchq sends (scripts included) and only
+the keys of its namespace. A real worker (under a supervisor, with metrics), the producer
+and the operator CLI all work as that user, and the server logs no refusal other than
+the optional ``CONFIG GET`` of ``batchq check``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import urllib.request
+from pathlib import Path
+
+import pytest
+import redis
+from helpers import free_port, run_cli, wait_until
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from .acl import acl_setuser_args
+from .conftest import AclServer, WorkerFactory, clean_env
+from .sec_app import build, runs
+
+
+def test_acl_line_is_what_the_docs_say(acl_server: AclServer) -> None:
+    line = " ".join(acl_setuser_args("batchq", "PASSWORD", "NS"))
+    assert line.startswith("batchq reset on >PASSWORD ~NS:* resetchannels -@all +ping ")
+    r = acl_server.admin()
+    try:
+        rules = r.acl_getuser("batchq")
+    finally:
+        r.close()
+    assert rules["keys"] == [f"~{acl_server.namespace}:*"]
+    assert "+evalsha" in rules["commands"] and "+script|load" in rules["commands"]
+
+
+def test_the_user_is_really_limited(acl_server: AclServer) -> None:
+    r = redis.Redis.from_url(acl_server.url)
+    try:
+        assert r.ping() is True
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            r.flushall()
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            r.set("elsewhere:key", "1")  # a key outside the namespace
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            r.eval("return 1", 0)  # EVAL is not needed: batchq only sends EVALSHA
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            r.config_get("maxmemory-policy")
+    finally:
+        r.close()
+    anonymous = redis.Redis(port=acl_server.server.port, retry=Retry(NoBackoff(), 0))
+    with pytest.raises(redis.exceptions.AuthenticationError):  # the default user is off
+        anonymous.ping()
+    anonymous.close()
+
+
+def test_worker_producer_and_cli_as_the_acl_user(acl_server: AclServer, tmp_path: Path,
+                                                 start_worker: WorkerFactory) -> None:
+    s = acl_server
+    ns, log = s.namespace, str(tmp_path / "runs.log")
+    admin = s.admin()
+    admin.acl_log_reset()
+    mport = free_port()
+    env = clean_env(BATCHQ_REDIS_URL=s.url, BATCHQ_TEST_NS=ns, BATCHQ_TEST_LOG=log)
+    worker = start_worker(env, "-q", "default,other", "-p", "1", "--metrics-port",
+                          str(mport))
+    app = build(s.url, ns, log)
+    try:
+        rec = app.tasks["rec"]
+        rec.enqueue("one")
+        rec.enqueue_many(range(2500))  # several chunks: a pipeline of EVALSHA
+        rec.options(delay_s=0.2).enqueue("delayed")
+        rec.options(queue="other", priority=7).enqueue("other")
+        app.tasks["sync_rec"].enqueue("sync")
+        app.tasks["bulk"].enqueue_many(range(15))
+        app.tasks["flaky"].enqueue_many(["f1", "f2", "f3"])  # dead after 2 attempts
+        admin.script_flush()  # the next calls hit NOSCRIPT and SCRIPT LOAD as the user
+
+        async def aio() -> None:
+            await rec.aenqueue("two")
+            await rec.aenqueue_many(range(5000, 7500))
+            await app.aclose()
+
+        asyncio.run(aio())
+        wait_until(lambda: len(runs(log, "rec")) == 2500 + 2500 + 4
+                   and app.queue().stats().dead == 3
+                   and app.queue().stats().pending == 0,
+                   timeout_s=30, interval_s=0.1, message="jobs did not all finish")
+        assert len(runs(log, "bulk")) == 15 and runs(log, "sync_rec") == ["sync"]
+
+        cli_env = clean_env(BATCHQ_REDIS_URL=s.url, BATCHQ_NAMESPACE=ns)
+
+        def cli(*args: str, code: int = 0) -> str:
+            res = run_cli(list(args), env=cli_env)
+            assert res.returncode == code, (args, res.stdout, res.stderr)
+            return res.stdout
+
+        info = json.loads(cli("info", "--json"))
+        assert info["queues"]["default"]["dead"] == 3
+        assert len(info["workers"]) == 1
+        assert "default" in cli("info")
+        out = cli("check")  # CONFIG GET is refused: reported, not fatal
+        assert out.startswith("ok:") and "cannot be read" in out
+        dead = json.loads(cli("dead", "list", "default", "--json"))["jobs"]
+        assert len(dead) == 3
+        cli("dead", "show", "default", "--all")
+        admin.script_flush()
+        assert "retried 1" in cli("dead", "retry", "default", "--id", dead[0]["id"])
+        assert "purged 1" in cli("dead", "purge", "default", "--id", dead[1]["id"])
+        wait_until(lambda: app.queue().stats().dead == 2, timeout_s=10)  # retried: dead
+        assert "purged 2" in cli("dead", "purge", "default", "--all")
+        cli("pause", "other")
+        cli("resume", "other")
+        lines = tmp_path / "jobs.jsonl"
+        lines.write_text('["x1"]\n{"args": ["x2"]}\n')
+        res = run_cli(["enqueue", "security.sec_app:app", "rec", "--from", str(lines)],
+                      env={**env, **cli_env})
+        assert res.returncode == 0, res.stderr
+        wait_until(lambda: {"x1", "x2"} <= set(runs(log, "rec")), timeout_s=10)
+
+        body = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=10) \
+            .read().decode()
+        assert "batchq_redis_up 1.0" in body
+        assert 'batchq_queue_jobs{queue="default",state="ready"} 0.0' in body
+
+        assert worker.stop(signal.SIGTERM, timeout_s=20) == 0
+        wlog = worker.read_log()
+        assert "Traceback" not in wlog and "NOPERM" not in wlog, wlog
+    finally:
+        app.close()
+    refused = {str(e["object"]) for e in s.denials()}
+    assert refused <= {"config|get"}, s.denials()
+    admin.close()
