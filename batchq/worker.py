@@ -606,7 +606,8 @@ class Worker:
 
     def _started(self, job: Job, m: Recorder) -> None:
         key = (job.queue, job.task)
-        bump(m.started, key)
+        started = m.started
+        started[key] = started.get(key, 0) + 1
         if job.attempt == 1:
             m.wait.observe(key, max(0.0, time.time() - job.ready_ms / 1000))
 
@@ -616,36 +617,32 @@ class Worker:
             exc = LookupError(f"no task named {job.task!r} is registered")
             self._bury(job, "unknown_task", exc)
             return
+        # the hot path: one coroutine per job, metrics inline (plain dict and list updates)
         m = self._m
+        t0 = 0.0
         if m is not None:
             self._started(job, m)
             t0 = time.perf_counter()
+        if not task.is_async:
+            await self._run_sync(task, job, task.fn, *job.args, **job.kwargs)
+        else:
+            timeout = task.config.timeout_s
             try:
-                await self._run_one_timed(job, task)
-            finally:
-                m.run.observe((job.queue, job.task), time.perf_counter() - t0)
-        else:
-            await self._run_one_timed(job, task)
-
-    async def _run_one_timed(self, job: Job, task: Task[..., Any]) -> None:
-        timeout = task.config.timeout_s
-        try:
-            if not task.is_async:
-                await self._run_sync(task, job, task.fn, *job.args, **job.kwargs)
-                return
-            if timeout is None:
-                await task.fn(*job.args, **job.kwargs)
+                if timeout is None:
+                    await task.fn(*job.args, **job.kwargs)
+                else:
+                    await _with_timeout(task.fn(*job.args, **job.kwargs), timeout, job.task)
+            except asyncio.CancelledError:
+                self._interrupted.append(job)
+                raise
+            except _JobTimeout as exc:
+                self._fail(job, task, exc, "timeout")
+            except Exception as exc:
+                self._fail(job, task, exc, "failed")
             else:
-                await _with_timeout(task.fn(*job.args, **job.kwargs), timeout, job.task)
-        except asyncio.CancelledError:
-            self._interrupted.append(job)
-            raise
-        except _JobTimeout as exc:
-            self._fail(job, task, exc, "timeout")
-        except Exception as exc:
-            self._fail(job, task, exc, "failed")
-        else:
-            self._ack(job)
+                self._ack(job)
+        if m is not None:
+            m.run.observe((job.queue, job.task), time.perf_counter() - t0)
 
     async def _run_sync(self, task: Task[..., Any], job: Job, fn: Callable[..., Any],
                         *args: Any, **kwargs: Any) -> None:
@@ -815,14 +812,14 @@ class Worker:
             return
         for k, _ in todo:
             self._buf[k.queue] = _Buffers()
-        # (script, keys, args, queue, labels of each item for the metrics)
-        calls: list[tuple[AsyncScript, list[str], list[Any], str, list[tuple[str, ...]]]] = []
+        # (script, keys, args, queue, outcome, label of each item for the metrics)
+        calls: list[tuple[AsyncScript, list[str], list[Any], str, str, list[Any]]] = []
         for k, b in todo:
             q = k.queue
             for i in range(0, len(b.acks), CHUNK):
                 calls.append((self._scripts.ack, [k.reserved, k.inflight],
                               b.acks[i : i + CHUNK],
-                              q, [("ok", t) for t in b.ack_tasks[i : i + CHUNK]]))
+                              q, "ok", b.ack_tasks[i : i + CHUNK]))
             nack_keys = [k.reserved, k.inflight, k.delayed, k.dead, k.dead_jobs, k.wake]
             # nack.lua takes the retries first (their count in ARGV[1]), then the dead
             for i in range(0, len(b.retries), CHUNK):
@@ -831,22 +828,22 @@ class Worker:
                 for lease, delay, _ in part:
                     args += [lease, delay]
                 calls.append((self._scripts.nack, nack_keys, args, q,
-                              [("retry", t) for _, _, t in part]))
+                              "retry", [t for _, _, t in part]))
             for i in range(0, len(b.dead), CHUNK):
                 dead = b.dead[i : i + CHUNK]
                 args = [0]
                 for lease, rec, _, _ in dead:
                     args += [lease, rec]
                 calls.append((self._scripts.nack, nack_keys, args, q,
-                              [("dead", t, r) for _, _, t, r in dead]))
+                              "dead", [(t, r) for _, _, t, r in dead]))
         t0 = time.perf_counter()
         try:
             if len(calls) == 1:
-                script, keys, args, _, _ = calls[0]
+                script, keys, args, _, _, _ = calls[0]
                 results = [await script(keys, args)]
             else:
                 pipe = self._redis.pipeline(transaction=False)
-                for script, keys, args, _, _ in calls:
+                for script, keys, args, _, _, _ in calls:
                     await script(keys, args, client=pipe)
                 results = await arun_pipeline(pipe, self._redis)
                 for r in results:
@@ -868,19 +865,19 @@ class Worker:
             return
         acks = any(c[0] is self._scripts.ack for c in calls)
         m.redis.observe(("ack" if acks else "nack",), elapsed_s)
-        for (_, _, _, q, labels), stale in zip(calls, results, strict=True):
-            skip = {int(i) - 1 for i in stale}
-            if skip:
+        for (_, _, _, q, kind, labels), stale in zip(calls, results, strict=True):
+            if stale:
+                skip = {int(i) - 1 for i in stale}
                 bump(m.stale, q, len(skip))
-            for i, lab in enumerate(labels):
-                if i in skip:
-                    continue
-                if lab[0] == "ok":
-                    bump(m.succeeded, (q, lab[1]))
-                elif lab[0] == "retry":
-                    bump(m.retried, (q, lab[1]))
-                else:
-                    bump(m.dead, (q, lab[1], lab[2]))
+                labels = [lab for i, lab in enumerate(labels) if i not in skip]
+            # counted per label in C (Counter), not per job in Python
+            if kind == "dead":
+                for (task, reason), n in collections.Counter(labels).items():
+                    bump(m.dead, (q, task, reason), n)
+            else:
+                target = m.succeeded if kind == "ok" else m.retried
+                for task, n in collections.Counter(labels).items():
+                    bump(target, (q, task), n)
 
     # --- leases ----------------------------------------------------------------------
 
