@@ -172,22 +172,53 @@ def _chunks(p: _Plan, items: Iterable[Any]) -> Iterator[tuple[list[str], list[by
         yield ids, entries
 
 
-def _window_error(p: _Plan, written: list[str], results: list[Any], window: list[list[str]],
-                  ) -> EnqueueError | None:
-    """Count what a pipeline window wrote; an error result becomes ``EnqueueError``."""
-    first_error: BaseException | None = None
-    for ids, res in zip(window, results, strict=True):
-        if isinstance(res, BaseException):
-            first_error = first_error or res
-        else:
-            written.extend(ids)
-    if first_error is None:
-        return None
-    err = EnqueueError(
-        f"enqueue_many of {p.task} failed after writing {len(written)} jobs: {first_error}",
-        written=len(written), ids=written)
-    err.__cause__ = first_error
-    return err
+class _Stream:
+    """The bookkeeping of one ``enqueue_many`` (no I/O): windows of chunks, and what
+    Redis confirmed so far, for an exact ``EnqueueError``."""
+
+    def __init__(self, p: _Plan) -> None:
+        self.p = p
+        self.written: list[str] = []
+
+    def windows(self, items: Iterable[Any]) -> Iterator[list[tuple[list[str], list[bytes]]]]:
+        window: list[tuple[list[str], list[bytes]]] = []
+        for chunk in _chunks(self.p, items):
+            window.append(chunk)
+            if len(window) == WINDOW:
+                yield window
+                window = []
+        if window:
+            yield window
+
+    def safe_path(self, window: list[tuple[list[str], list[bytes]]]) -> bool:
+        """The first chunk (it also registers the queue) and a lone last chunk go through
+        the reconnect-safe single call."""
+        return not self.written or len(window) == 1
+
+    def failed(self, exc: EnqueueError) -> EnqueueError:
+        exc.written, exc.ids = len(self.written), self.written
+        return exc
+
+    def lost(self, window: list[tuple[list[str], list[bytes]]], exc: Exception) -> EnqueueError:
+        unknown = sum(len(ids) for ids, _ in window)
+        return EnqueueError(
+            f"connection lost during enqueue_many of {self.p.task}: {len(self.written)} jobs "
+            f"written, {unknown} unknown: {exc}",
+            written=len(self.written), ids=self.written, unknown=unknown)
+
+    def record(self, window: list[tuple[list[str], list[bytes]]], results: list[Any]) -> None:
+        """Count what a pipelined window wrote; an error result raises ``EnqueueError``."""
+        first_error: BaseException | None = None
+        for (ids, _), res in zip(window, results, strict=True):
+            if isinstance(res, BaseException):
+                first_error = first_error or res
+            else:
+                self.written.extend(ids)
+        if first_error is not None:
+            raise EnqueueError(
+                f"enqueue_many of {self.p.task} failed after writing {len(self.written)} "
+                f"jobs: {first_error}", written=len(self.written), ids=self.written,
+            ) from first_error
 
 
 # --- sync ------------------------------------------------------------------------------
@@ -218,47 +249,27 @@ def enqueue(app: App, p: _Plan, args: Any, kwargs: Mapping[str, Any]) -> str:
 
 
 def enqueue_many(app: App, p: _Plan, items: Iterable[Any]) -> list[str]:
-    written: list[str] = []
-    window: list[list[str]] = []
-    pending: list[list[bytes]] = []
+    st = _Stream(p)
     script = app.sync_scripts.schedule if p.due else app.sync_scripts.enqueue
-
-    def flush() -> None:
-        if not written or len(window) == 1:
-            # the first chunk (it also registers the queue) and a lone last chunk take the
-            # reconnect-safe path
+    for window in st.windows(items):
+        if st.safe_path(window):
+            ids, entries = window.pop(0)
             try:
-                _with_retry_sync(app, p, pending.pop(0))
+                _with_retry_sync(app, p, entries)
             except EnqueueError as exc:
-                exc.written, exc.ids = len(written), written
-                raise
-            written.extend(window.pop(0))
+                raise st.failed(exc) from exc.__cause__
+            st.written.extend(ids)
         if window:
             pipe = app.redis.pipeline(transaction=False)
-            for entries in pending:
+            for _, entries in window:
                 keys, args = p.script_args(entries, check=False)
                 script(keys, args, client=pipe)
             try:
                 results = run_pipeline(pipe, app.redis)
             except _CONN_ERRORS as exc:
-                raise EnqueueError(
-                    f"connection lost during enqueue_many of {p.task}: {len(written)} jobs "
-                    f"written, {sum(map(len, window))} unknown: {exc}",
-                    written=len(written), ids=written, unknown=sum(map(len, window))) from exc
-            err = _window_error(p, written, results, window)
-            if err:
-                raise err
-        window.clear()
-        pending.clear()
-
-    for ids, entries in _chunks(p, items):
-        window.append(ids)
-        pending.append(entries)
-        if len(window) == WINDOW:
-            flush()
-    if window:
-        flush()
-    return written
+                raise st.lost(window, exc) from exc
+            st.record(window, results)
+    return st.written
 
 
 # --- asyncio ---------------------------------------------------------------------------
@@ -346,43 +357,25 @@ async def aenqueue(app: App, p: _Plan, args: Any, kwargs: Mapping[str, Any]) -> 
 
 
 async def aenqueue_many(app: App, p: _Plan, items: Iterable[Any]) -> list[str]:
+    st = _Stream(p)
     scripts = app.async_scripts()
     script = scripts.schedule if p.due else scripts.enqueue
-    written: list[str] = []
-    window: list[list[str]] = []
-    pending: list[list[bytes]] = []
-
-    async def flush() -> None:
-        if not written or len(window) == 1:
+    for window in st.windows(items):
+        if st.safe_path(window):
+            ids, entries = window.pop(0)
             try:
-                await _with_retry_async(app, p, pending.pop(0))
+                await _with_retry_async(app, p, entries)
             except EnqueueError as exc:
-                exc.written, exc.ids = len(written), written
-                raise
-            written.extend(window.pop(0))
+                raise st.failed(exc) from exc.__cause__
+            st.written.extend(ids)
         if window:
             pipe = app.async_redis().pipeline(transaction=False)
-            for entries in pending:
+            for _, entries in window:
                 keys, args = p.script_args(entries, check=False)
                 await script(keys, args, client=pipe)
             try:
                 results = await arun_pipeline(pipe, app.async_redis())
             except _CONN_ERRORS as exc:
-                raise EnqueueError(
-                    f"connection lost during enqueue_many of {p.task}: {len(written)} jobs "
-                    f"written, {sum(map(len, window))} unknown: {exc}",
-                    written=len(written), ids=written, unknown=sum(map(len, window))) from exc
-            err = _window_error(p, written, results, window)
-            if err:
-                raise err
-        window.clear()
-        pending.clear()
-
-    for ids, entries in _chunks(p, items):
-        window.append(ids)
-        pending.append(entries)
-        if len(window) == WINDOW:
-            await flush()
-    if window:
-        await flush()
-    return written
+                raise st.lost(window, exc) from exc
+            st.record(window, results)
+    return st.written
