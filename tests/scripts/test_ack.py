@@ -3,45 +3,10 @@ by its position among the leases."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import pytest
-import redis
-
-from batchq import codec
 from batchq.keys import QueueKeys
 from batchq.scripts import SyncScripts
 
-
-def entry(jid: str, prio: int = 0, max_attempts: int = 3) -> bytes:
-    return (codec.header(prio, max_attempts) + jid.encode() + b":"
-            + codec.encode_body("t", [jid], {}, 1_700_000_000_000))
-
-
-def with_attempt(e: bytes, attempt: int) -> bytes:
-    p, _, m, jid, body = e.split(b":", 4)
-    return b":".join((p, b"%d" % attempt, m, jid, body))
-
-
-def ns_keys(r: redis.Redis, namespace: str) -> set[bytes]:
-    return set(r.scan_iter(match=f"{namespace}:*", count=1000))
-
-
-@pytest.fixture
-def k(namespace: str, queue_name: str) -> QueueKeys:
-    return QueueKeys(namespace, queue_name)
-
-
-@pytest.fixture
-def s(redis_client: redis.Redis) -> SyncScripts:
-    return SyncScripts(redis_client)
-
-
-def pop(s: SyncScripts, k: QueueKeys, want: int, lease: int = 30_000) -> list[bytes]:
-    res: list[Any] = s.pop(
-        [k.delayed, k.reserved, k.inflight, k.dead, k.dead_jobs, k.wake, k.paused, *k.ready],
-        [want, lease, 100])
-    return list(res[7:])
+from ._lua import entry, ns_keys, pop, with_attempt
 
 
 def ack(s: SyncScripts, k: QueueKeys, leases: list[bytes]) -> list[int]:

@@ -3,47 +3,22 @@ in the stats hash, and in retry (check) mode write nothing if the earlier try la
 
 from __future__ import annotations
 
-import pytest
-import redis
+from functools import partial
 
-from batchq import codec
 from batchq.keys import QueueKeys
 from batchq.scripts import SyncScripts
 
+from ._lua import enqueued, ns_keys, with_attempt
+from ._lua import entry as _entry
 
-def entry(jid: str, prio: int = 0, max_attempts: int = 3, task: str = "t",
-          args: tuple[object, ...] = (), ms: int = 1_700_000_000_000) -> bytes:
-    return (codec.header(prio, max_attempts) + jid.encode() + b":"
-            + codec.encode_body(task, list(args), {}, ms))
-
-
-def with_attempt(e: bytes, attempt: int) -> bytes:
-    p, _, m, jid, body = e.split(b":", 4)
-    return b":".join((p, b"%d" % attempt, m, jid, body))
-
-
-def ns_keys(r: redis.Redis, namespace: str) -> set[bytes]:
-    return set(r.scan_iter(match=f"{namespace}:*", count=1000))
-
-
-@pytest.fixture
-def k(namespace: str, queue_name: str) -> QueueKeys:
-    return QueueKeys(namespace, queue_name)
-
-
-@pytest.fixture
-def s(redis_client: redis.Redis) -> SyncScripts:
-    return SyncScripts(redis_client)
+# enqueue tests encode jobs with no positional args
+entry = partial(_entry, args=())
 
 
 def enqueue(s: SyncScripts, k: QueueKeys, entries: list[bytes], prio: int = 0,
             check: bool = False) -> int:
     return int(s.enqueue([k.ready_for(prio), k.wake, k.inflight, k.stats],
                          ["1" if check else "0", *entries]))
-
-
-def enqueued(r: redis.Redis, k: QueueKeys) -> int:
-    return int(r.hget(k.stats, "enqueued") or 0)
 
 
 def test_appends_in_order_and_returns_list_length(redis_client, s, k):

@@ -8,55 +8,21 @@ as decode_error).
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from functools import partial
 
 import pytest
 import redis
 
 from batchq import codec
 from batchq.keys import QueueKeys
-from batchq.scripts import SyncScripts
 
-LEASE = 30_000
+from ._lua import entry as _entry
+from ._lua import ns_keys, server_ms, with_attempt
+from ._lua import pop_reply as pop
 
+# pop tests encode jobs with a keyword argument, checked after decoding
+entry = partial(_entry, kwargs={"k": 1})
 
-def entry(jid: str, prio: int = 0, max_attempts: int = 3, attempt: int = 0,
-          task: str = "t", ms: int = 1_700_000_000_000) -> bytes:
-    e = (codec.header(prio, max_attempts) + jid.encode() + b":"
-         + codec.encode_body(task, [jid], {"k": 1}, ms))
-    return with_attempt(e, attempt) if attempt else e
-
-
-def with_attempt(e: bytes, attempt: int) -> bytes:
-    p, _, m, jid, body = e.split(b":", 4)
-    return b":".join((p, b"%d" % attempt, m, jid, body))
-
-
-def server_ms(r: redis.Redis) -> int:
-    sec, usec = r.time()
-    return int(sec) * 1000 + int(usec) // 1000
-
-
-def ns_keys(r: redis.Redis, namespace: str) -> set[bytes]:
-    return set(r.scan_iter(match=f"{namespace}:*", count=1000))
-
-
-@pytest.fixture
-def k(namespace: str, queue_name: str) -> QueueKeys:
-    return QueueKeys(namespace, queue_name)
-
-
-@pytest.fixture
-def s(redis_client: redis.Redis) -> SyncScripts:
-    return SyncScripts(redis_client)
-
-
-def pop(s: SyncScripts, k: QueueKeys, want: int, lease: int = LEASE,
-        chunk: int = 100) -> tuple[list[int], list[bytes]]:
-    res: list[Any] = s.pop(
-        [k.delayed, k.reserved, k.inflight, k.dead, k.dead_jobs, k.wake, k.paused, *k.ready],
-        [want, lease, chunk])
-    return [int(x) for x in res[:7]], list(res[7:])
 
 
 def reserve(r: redis.Redis, k: QueueKeys, e: bytes, deadline: int) -> bytes:

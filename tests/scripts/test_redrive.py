@@ -2,40 +2,20 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
-import pytest
 import redis
 
 from batchq import codec
 from batchq.keys import QueueKeys
 from batchq.scripts import SyncScripts
 
+from ._lua import enqueued, ns_keys, pop
+from ._lua import entry as _entry
 
-def entry(jid: str, prio: int = 0, max_attempts: int = 1) -> bytes:
-    return (codec.header(prio, max_attempts) + jid.encode() + b":"
-            + codec.encode_body("t", [jid], {}, 1_700_000_000_000))
-
-
-def ns_keys(r: redis.Redis, namespace: str) -> set[bytes]:
-    return set(r.scan_iter(match=f"{namespace}:*", count=1000))
-
-
-@pytest.fixture
-def k(namespace: str, queue_name: str) -> QueueKeys:
-    return QueueKeys(namespace, queue_name)
-
-
-@pytest.fixture
-def s(redis_client: redis.Redis) -> SyncScripts:
-    return SyncScripts(redis_client)
-
-
-def pop(s: SyncScripts, k: QueueKeys, want: int) -> list[bytes]:
-    res: list[Any] = s.pop(
-        [k.delayed, k.reserved, k.inflight, k.dead, k.dead_jobs, k.wake, k.paused, *k.ready],
-        [want, 30_000, 100])
-    return list(res[7:])
+# one attempt, so a job's first failure (or expired lease) dead-letters it
+entry = partial(_entry, max_attempts=1)
 
 
 def redrive(s: SyncScripts, k: QueueKeys, pairs: list[tuple[str, bytes]]) -> int:
@@ -43,10 +23,6 @@ def redrive(s: SyncScripts, k: QueueKeys, pairs: list[tuple[str, bytes]]) -> int
     for jid, e in pairs:
         args += [jid, e]
     return int(s.redrive([k.dead, k.dead_jobs, k.wake, *k.ready, k.stats], args))
-
-
-def enqueued(r: redis.Redis, k: QueueKeys) -> int:
-    return int(r.hget(k.stats, "enqueued") or 0)
 
 
 def kill(r: redis.Redis, s: SyncScripts, k: QueueKeys, jid: str, prio: int = 0) -> bytes:

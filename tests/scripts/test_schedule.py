@@ -2,52 +2,18 @@
 
 from __future__ import annotations
 
-import pytest
 import redis
 
-from batchq import codec
 from batchq.keys import QueueKeys
 from batchq.scripts import SyncScripts
 
-
-def entry(jid: str, prio: int = 0, max_attempts: int = 3, task: str = "t",
-          ms: int = 1_700_000_000_000) -> bytes:
-    return (codec.header(prio, max_attempts) + jid.encode() + b":"
-            + codec.encode_body(task, [jid], {}, ms))
-
-
-def with_attempt(e: bytes, attempt: int) -> bytes:
-    p, _, m, jid, body = e.split(b":", 4)
-    return b":".join((p, b"%d" % attempt, m, jid, body))
-
-
-def server_ms(r: redis.Redis) -> int:
-    sec, usec = r.time()
-    return int(sec) * 1000 + int(usec) // 1000
-
-
-def ns_keys(r: redis.Redis, namespace: str) -> set[bytes]:
-    return set(r.scan_iter(match=f"{namespace}:*", count=1000))
-
-
-@pytest.fixture
-def k(namespace: str, queue_name: str) -> QueueKeys:
-    return QueueKeys(namespace, queue_name)
-
-
-@pytest.fixture
-def s(redis_client: redis.Redis) -> SyncScripts:
-    return SyncScripts(redis_client)
+from ._lua import enqueued, entry, ns_keys, server_ms, with_attempt
 
 
 def schedule(s: SyncScripts, k: QueueKeys, kind: str, when: int, entries: list[bytes],
              prio: int = 0, check: bool = False) -> int:
     return int(s.schedule([k.delayed, k.wake, k.inflight, k.ready_for(prio), k.stats],
                           ["1" if check else "0", kind, when, *entries]))
-
-
-def enqueued(r: redis.Redis, k: QueueKeys) -> int:
-    return int(r.hget(k.stats, "enqueued") or 0)
 
 
 def delayed(r: redis.Redis, k: QueueKeys) -> dict[bytes, float]:

@@ -1,0 +1,1 @@
+"""Tests of the Lua scripts (importable as ``scripts``; shared helpers in ``._lua``)."""
