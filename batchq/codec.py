@@ -10,7 +10,6 @@ the body is opaque to Redis. No pickle, ever: a value msgpack cannot encode is a
 
 from __future__ import annotations
 
-import base64
 import itertools
 import os
 import secrets
@@ -94,7 +93,19 @@ class Job:
 
 # --- ids -------------------------------------------------------------------------------
 # A random 72-bit prefix per process plus a counter: unique without coordination, short
-# (about 16 characters), and cheap. The prefix is drawn again in a forked child.
+# (about 16 characters), and cheap. The prefix is drawn again in a forked child. Letters
+# and digits only: an id never starts with "-" (a command line would read it as a flag).
+
+_ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+def _base62(n: int, width: int) -> str:
+    out = []
+    for _ in range(width):
+        n, r = divmod(n, 62)
+        out.append(_ALPHABET[r])
+    return "".join(out)
+
 
 _prefix = ""
 _counter = itertools.count()
@@ -102,7 +113,7 @@ _counter = itertools.count()
 
 def _reseed() -> None:
     global _prefix, _counter
-    _prefix = base64.urlsafe_b64encode(secrets.token_bytes(9)).decode()
+    _prefix = _base62(secrets.randbits(72), 13)
     _counter = itertools.count()
 
 
@@ -111,7 +122,7 @@ os.register_at_fork(after_in_child=_reseed)
 
 
 def new_id() -> str:
-    """A new job id (no ``:``; URL-safe characters)."""
+    """A new job id: 13 random base-62 characters, then a hex counter."""
     return f"{_prefix}{next(_counter):x}"
 
 

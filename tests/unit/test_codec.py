@@ -265,3 +265,14 @@ def test_corrupt_dead_record_decodes_as_corrupt_record(data):
     rec = codec.decode_dead_record(data)
     assert rec["reason"] == "corrupt_record"
     assert rec["raw"] == data
+
+
+def test_ids_are_letters_and_digits_so_a_command_line_never_reads_one_as_a_flag() -> None:
+    import string
+
+    allowed = set(string.ascii_letters + string.digits)
+    for _ in range(200):
+        codec._reseed()
+        jid = codec.new_id()
+        assert set(jid) <= allowed, jid
+    codec._reseed()
