@@ -24,7 +24,11 @@ class EnqueueError(BatchqError):
 
 
 class PayloadTooLarge(BatchqError, ValueError):
-    """An encoded job above the app's ``max_payload_bytes``."""
+    """An encoded job above the app's ``max_payload_bytes``. Raised by ``enqueue_many``
+    mid-stream, ``written`` and ``ids`` tell which jobs before it are in Redis."""
+
+    written: int = 0
+    ids: list[str] = []
 
 
 class Retry(Exception):

@@ -39,9 +39,10 @@ RETRY_DELAYS_S = (0.05, 0.2, 0.5, 1.0, 2.0)
 """Backoff between tries of a write whose connection failed (about 4 s in all)."""
 
 _CONN_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.TryAgainError,
-                redis.exceptions.ClusterError)
-"""Errors after which a write is retried (in check mode): a lost connection, or a Redis
-Cluster slot moving (the script did not run)."""
+                redis.exceptions.ClusterError, RuntimeError)
+"""Errors after which a write is retried (in check mode): a lost connection (under uvloop
+a write to a reset connection raises RuntimeError), or a Redis Cluster slot moving (the
+script did not run)."""
 
 
 class Call:
@@ -181,8 +182,19 @@ class _Stream:
         self.written: list[str] = []
 
     def windows(self, items: Iterable[Any]) -> Iterator[list[tuple[list[str], list[bytes]]]]:
+        """Windows of chunks. An item that cannot be encoded (``TypeError``,
+        ``PayloadTooLarge``) stops the stream; the error then carries ``written`` and
+        ``ids`` of the jobs already in Redis, like ``EnqueueError``."""
         window: list[tuple[list[str], list[bytes]]] = []
-        for chunk in _chunks(self.p, items):
+        chunks = _chunks(self.p, items)
+        while True:
+            try:
+                chunk = next(chunks, None)
+            except (TypeError, ValueError) as exc:
+                exc.written, exc.ids = len(self.written), self.written  # type: ignore[union-attr]
+                raise
+            if chunk is None:
+                break
             window.append(chunk)
             if len(window) == WINDOW:
                 yield window

@@ -63,6 +63,9 @@ PROMOTE_CHUNK = 100
 BURST_POLL_S = 0.2
 """In burst mode, how often an idle worker re-checks whether the queues are done."""
 
+STOP_GRACE_S = 2.0
+"""How long a stop waits for cancelled handlers (and helper tasks) to finish."""
+
 METRICS_EVERY_S = 1.0
 """How often counts aggregated in the process are published to prometheus_client."""
 
@@ -74,10 +77,14 @@ EXIT_RECYCLED = 5
 in burst mode (exit 0 in burst mode means the queues are drained)."""
 
 _CONN_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
-_REDIS_ERRORS = (*_CONN_ERRORS, redis.RedisError, RedisClusterException)
+_REDIS_ERRORS = (*_CONN_ERRORS, redis.RedisError, RedisClusterException, RuntimeError)
 """Any failed Redis call: a lost connection, a refusal (OOM, READONLY, NOPERM), and on a
 cluster ``ClusterError`` ("TTL exhausted": a slot kept answering TRYAGAIN/ASK while it
-migrated) or ``SlotNotCoveredError`` (a stale slot map; not a ``RedisError``)."""
+migrated) or ``SlotNotCoveredError`` (a stale slot map; not a ``RedisError``). Under
+uvloop, writing to a connection the server has reset raises ``RuntimeError("unable to
+perform operation on <TCPTransport closed=True>...")`` instead of a ConnectionError
+(redis-py drops the connection first, so the next call reconnects): it is a lost
+connection too. Only Redis calls sit inside ``except _REDIS_ERRORS``."""
 
 
 @dataclass(frozen=True)
@@ -191,6 +198,8 @@ class Worker:
         self.recycled = False
         """True when the worker stopped because it reached ``max_jobs``."""
         self._closing = False
+        self._running: dict[asyncio.Task[Any] | None, Job | list[Job]] = {}
+        """What each runner took last (for handlers that ignore cancellation)."""
         self._waking = 0
         self._m: Recorder | None = None
         self.started_at = time.time()
@@ -284,8 +293,13 @@ class Worker:
         """Register the queues; a Redis that cannot be reached fails the start."""
         from .keys import queues_key
 
-        await self._redis.sadd(queues_key(self.app.namespace),
-                               *(k.queue for k in self.queues))
+        try:
+            await self._redis.sadd(queues_key(self.app.namespace),
+                                   *(k.queue for k in self.queues))
+        except redis.ResponseError as exc:
+            # e.g. a full Redis refusing the write: the registry is informational, and a
+            # worker is what drains a full Redis, so start anyway
+            log.warning("could not register the queues (%s); serving them anyway", exc)
         log.info("worker %s serving %s (concurrency %d, lease %.0fs)", self.worker_id,
                  ",".join(k.queue for k in self.queues), self.settings.concurrency,
                  self.settings.lease_s)
@@ -587,6 +601,7 @@ class Worker:
         # never yield are then all run by one runner without a wake-up per job, while
         # jobs that await I/O fan out over every runner within a few loop turns.
         work = self._work
+        me = asyncio.current_task()
         while True:
             if self._stopping:
                 return
@@ -599,6 +614,7 @@ class Worker:
             item = work.popleft()
             if work and not self._waking:
                 self._wake_runners(1)
+            self._running[me] = item
             if type(item) is list:
                 await self._run_batch(item)
             else:
@@ -922,7 +938,15 @@ class Worker:
                 log.warning("shutdown timeout: cancelling %d running jobs", len(pending))
                 for t in pending:
                     t.cancel()
-                await asyncio.gather(*pending, return_exceptions=True)
+                _, stuck = await asyncio.wait(pending, timeout=STOP_GRACE_S)
+                for t in stuck:
+                    # a handler that swallows cancellation: give its job back anyway;
+                    # the process exits and takes the handler with it
+                    job = self._running.get(t)
+                    if job is not None:
+                        self._interrupted.extend(job if isinstance(job, list) else [job])
+                if stuck:
+                    log.warning("%d jobs ignored cancellation; giving them back", len(stuck))
         await self._give_back()
 
     async def _give_back(self) -> None:
@@ -981,9 +1005,16 @@ def run_worker(app: App, settings: WorkerSettings | None = None) -> int:
     except ImportError:  # pragma: no cover - uvloop is a dependency on POSIX
         factory = None
     worker = Worker(app, settings)
-    with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(worker.run())
-
-
-def _now_s() -> float:
-    return time.time()
+    loop = factory() if factory is not None else asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(worker.run())
+    finally:
+        # cancel what is left, but never wait for ever: a handler that swallows
+        # cancellation must not keep the process alive (asyncio.Runner would)
+        left = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for t in left:
+            t.cancel()
+        if left:
+            loop.run_until_complete(asyncio.wait(left, timeout=STOP_GRACE_S))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()

@@ -47,20 +47,44 @@ local function mp_bin(s)
   return '\198' .. be(n, 4) .. s
 end
 
--- Write a dead record: {id, reason, error_message, raw}. Callers delete the job's
--- other copies only after this write.
-local function bury(dead, dead_jobs, now, id, reason, message, raw)
-  local rec = string.char(0x84) .. mp_str('id') .. mp_str(id) .. mp_str('reason') .. mp_str(reason)
+-- A dead record: msgpack {id, reason, error_message, raw}.
+local function dead_record(id, reason, message, raw)
+  return string.char(0x84) .. mp_str('id') .. mp_str(id) .. mp_str('reason') .. mp_str(reason)
     .. mp_str('error_message') .. mp_str(message) .. mp_str('raw') .. mp_bin(raw)
-  redis.call('HSET', dead_jobs, id, rec)
+end
+
+-- Write a dead record. Callers delete the job's other copies only after this write.
+local function bury(dead, dead_jobs, now, id, reason, message, raw)
+  redis.call('HSET', dead_jobs, id, dead_record(id, reason, message, raw))
   redis.call('ZADD', dead, now, id)
 end
 
--- Leave one wake token for idle workers (never more than one).
+-- Leave one wake token for idle workers (never more than one). A full Redis may refuse
+-- it (see `try_rpush`): a token is a hint, the workers' own timeouts cover its absence.
 local function wake(key)
   if redis.call('LLEN', key) == 0 then
-    redis.call('RPUSH', key, '1')
+    redis.pcall('RPUSH', key, '1')
   end
+end
+
+-- Writes that may be refused when Redis is out of memory (maxmemory, noeviction): Redis
+-- refuses a "denyoom" command only while the script has not written yet, so the first
+-- write of a script is the one at risk. They return false when refused; the caller then
+-- leaves the job where it is (nothing is deleted before its copy is written).
+local function ok_reply(r)
+  return not (type(r) == 'table' and r.err)
+end
+
+local function try_rpush(key, value)
+  return ok_reply(redis.pcall('RPUSH', key, value))
+end
+
+local function try_lpush(key, value)
+  return ok_reply(redis.pcall('LPUSH', key, value))
+end
+
+local function try_hset(key, field, value)
+  return ok_reply(redis.pcall('HSET', key, field, value))
 end
 
 -- "<id>:<attempt>" -> id

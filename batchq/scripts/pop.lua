@@ -25,46 +25,56 @@ local function ready_key(p)
   return KEYS[8 + 9 - p]
 end
 
--- 1. due delayed jobs -> ready (write before delete)
+-- 1. due delayed jobs -> ready (write before delete; on a full Redis the first write may
+--    be refused: then nothing moves this time, and the pop below still runs)
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, chunk)
+local moved = {}
 for _, e in ipairs(due) do
   local p = tonumber(string.sub(e, 1, 1)) or 0
-  redis.call('RPUSH', ready_key(p), e)
+  if not try_rpush(ready_key(p), e) then break end
+  moved[#moved + 1] = e
 end
-if #due > 0 then
-  redis.call('ZREM', KEYS[1], unpack(due))
+if #moved > 0 then
+  redis.call('ZREM', KEYS[1], unpack(moved))
 end
 
 -- 2. expired reservations -> ready head (latest first, so the earliest ends up in
 --    front), or dead when out of attempts
 local reaped, buried = 0, 0
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, chunk)
+local gone = {}
 for x = #expired, 1, -1 do
   local m = expired[x]
   local id = member_id(m)
   local e = id and redis.call('HGET', KEYS[3], id)
+  local ok = true
   if e then
     local p, a, mx = parse(e)
     if p and a < mx then
-      redis.call('LPUSH', ready_key(p), e)
-      reaped = reaped + 1
+      ok = try_lpush(ready_key(p), e)
+      if ok then reaped = reaped + 1 end
     else
-      bury(KEYS[4], KEYS[5], now, id, 'lease_expired',
-        'the worker running attempt ' .. tostring(a) .. ' died or lost its lease', e)
-      buried = buried + 1
+      ok = try_hset(KEYS[5], id, dead_record(id, 'lease_expired',
+        'the worker running attempt ' .. tostring(a) .. ' died or lost its lease', e))
+      if ok then
+        redis.call('ZADD', KEYS[4], now, id)
+        buried = buried + 1
+      end
     end
-    redis.call('HDEL', KEYS[3], id)
+    if ok then redis.call('HDEL', KEYS[3], id) end
   end
+  if not ok then break end  -- refused (full Redis): the rest stay reserved until later
+  gone[#gone + 1] = m
 end
-if #expired > 0 then
-  redis.call('ZREM', KEYS[2], unpack(expired))
+if #gone > 0 then
+  redis.call('ZREM', KEYS[2], unpack(gone))
 end
-if #due > 0 or reaped > 0 then
+if #moved > 0 or reaped > 0 then
   wake(KEYS[6])
 end
 
 -- 3. pop and reserve
-local out = {now, -1, -1, #due, reaped, buried, 0}
+local out = {now, -1, -1, #moved, reaped, buried, 0}
 if want > 0 and redis.call('EXISTS', KEYS[7]) == 0 then
   local deadline = now + lease
   local hargs, zargs = {}, {}

@@ -1,0 +1,1 @@
+"""Fault-injection tests: at-least-once delivery under crashes, outages and limits."""
