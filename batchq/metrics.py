@@ -190,6 +190,10 @@ class QueueCollector:
                                    labels=["queue"])
         enq = CounterMetricFamily("batchq_jobs_enqueued", "Jobs written to the queue "
                                   "(enqueue, schedule, redrive)", labels=["queue"])
+        done = CounterMetricFamily(
+            "batchq_queue_outcomes", "Outcomes Redis applied, counted by the scripts "
+            "themselves: exact even when workers are killed (their own counters lose what "
+            "they had not published yet)", labels=["queue", "outcome"])
         up = GaugeMetricFamily("batchq_redis_up", "1 if the scrape could read Redis")
         r = self.app.redis
         try:
@@ -209,7 +213,7 @@ class QueueCollector:
                 pipe.zcard(k.dead)
                 pipe.exists(k.paused)
                 pipe.zrange(k.delayed, 0, 0, withscores=True)
-                pipe.hget(k.stats, "enqueued")
+                pipe.hmget(k.stats, ["enqueued", "succeeded", "dead", "retried"])
             res = pipe.execute()
         except Exception as exc:  # a scrape must answer even when Redis does not
             log.warning("cannot read queue metrics from Redis: %s", exc)
@@ -223,7 +227,8 @@ class QueueCollector:
         for name in names:
             lens = res[i : i + 10]
             heads = res[i + 10 : i + 20]
-            delayed, reserved, dead, is_paused, first_due, enqueued = res[i + 20 : i + 26]
+            delayed, reserved, dead, is_paused, first_due, counts = res[i + 20 : i + 26]
+            enqueued, n_ok, n_dead, n_retried = counts
             i += 26
             jobs.add_metric([name, "ready"], sum(lens))
             jobs.add_metric([name, "delayed"], delayed)
@@ -242,7 +247,10 @@ class QueueCollector:
             lag.add_metric([name], due_lag)
             paused.add_metric([name], 1 if is_paused else 0)
             enq.add_metric([name], int(enqueued or 0))
-        yield from (jobs, age, lag, paused, enq, up)
+            done.add_metric([name, "succeeded"], int(n_ok or 0))
+            done.add_metric([name, "dead"], int(n_dead or 0))
+            done.add_metric([name, "retried"], int(n_retried or 0))
+        yield from (jobs, age, lag, paused, enq, done, up)
 
 
 class SupervisorCollector:

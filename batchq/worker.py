@@ -486,7 +486,8 @@ class Worker:
         return got, max(0.0, wait_ms / 1000)
 
     def _pop_keys(self, k: QueueKeys) -> list[str]:
-        return [k.delayed, k.reserved, k.inflight, k.dead, k.dead_jobs, k.wake, k.paused, *k.ready]
+        return [k.delayed, k.reserved, k.inflight, k.dead, k.dead_jobs, k.wake, k.paused, *k.ready,
+                k.stats]
 
     def _accept(self, queue: str, entries: list[bytes]) -> int:
         """Decode popped entries into the local buffer (batch tasks grouped)."""
@@ -833,10 +834,10 @@ class Worker:
         for k, b in todo:
             q = k.queue
             for i in range(0, len(b.acks), CHUNK):
-                calls.append((self._scripts.ack, [k.reserved, k.inflight],
+                calls.append((self._scripts.ack, [k.reserved, k.inflight, k.stats],
                               b.acks[i : i + CHUNK],
                               q, "ok", b.ack_tasks[i : i + CHUNK]))
-            nack_keys = [k.reserved, k.inflight, k.delayed, k.dead, k.dead_jobs, k.wake]
+            nack_keys = [k.reserved, k.inflight, k.delayed, k.dead, k.dead_jobs, k.wake, k.stats]
             # nack.lua takes the retries first (their count in ARGV[1]), then the dead
             for i in range(0, len(b.retries), CHUNK):
                 part = b.retries[i : i + CHUNK]

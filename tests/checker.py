@@ -356,7 +356,7 @@ class Reconciliation:
 
 
 def reconcile(text: str, queue: str) -> Reconciliation:
-    """``batchq_jobs_enqueued`` against the workers' outcome counters and the depths."""
+    """``batchq_jobs_enqueued`` against the outcomes Redis counted and the depths."""
     from prometheus_client.parser import text_string_to_metric_families
 
     sums: Counter[str] = Counter()
@@ -366,10 +366,15 @@ def reconcile(text: str, queue: str) -> Reconciliation:
                 continue
             if s.name == "batchq_jobs_enqueued_total":
                 sums["enqueued"] += s.value
+            elif s.name == "batchq_queue_outcomes_total":
+                # counted by the scripts in Redis: exact under kills and lost replies
+                outcome = s.labels.get("outcome")
+                if outcome in ("succeeded", "dead"):
+                    sums[outcome] += s.value
             elif s.name == "batchq_jobs_succeeded_total":
-                sums["succeeded"] += s.value
+                sums["workers_succeeded"] += s.value
             elif s.name == "batchq_jobs_dead_total":
-                sums["dead"] += s.value
+                sums["workers_dead"] += s.value
             elif s.name == "batchq_stale_acks_total":
                 sums["stale"] += s.value
             elif s.name == "batchq_queue_jobs":

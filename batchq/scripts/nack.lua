@@ -4,6 +4,7 @@
 -- KEYS[2]  inflight hash         KEYS[5]  dead:jobs hash
 -- KEYS[3]  delayed zset          KEYS[6]  wake list (a retry may be due before an idle
 --                                          worker's next look)
+-- KEYS[7]  stats hash (optional): "dead" and "retried" count what was written
 -- ARGV[1]  R, the number of retries that follow
 -- ARGV[2..2R+1]        pairs: lease "<id>:<attempt>", retry delay in ms
 -- ARGV[2R+2..]         pairs: lease, dead record (msgpack, built by the worker)
@@ -12,7 +13,7 @@
 local now = now_ms()
 local r = tonumber(ARGV[1])
 local stale = {}
-local retried = 0
+local retried, buried = 0, 0
 local i = 2
 while i < #ARGV do
   local m, v = ARGV[i], ARGV[i + 1]
@@ -25,6 +26,7 @@ while i < #ARGV do
     else
       redis.call('HSET', KEYS[5], id, v)
       redis.call('ZADD', KEYS[4], now, id)
+      buried = buried + 1
     end
     redis.call('ZREM', KEYS[1], m)
     redis.call('HDEL', KEYS[2], id)
@@ -32,6 +34,10 @@ while i < #ARGV do
     stale[#stale + 1] = i / 2
   end
   i = i + 2
+end
+if KEYS[7] and retried + buried > 0 then
+  redis.call('HINCRBY', KEYS[7], 'retried', retried)
+  redis.call('HINCRBY', KEYS[7], 'dead', buried)
 end
 if retried > 0 then wake(KEYS[6]) end
 return stale

@@ -9,6 +9,7 @@
 -- KEYS[2]  reserved zset         KEYS[6]  wake list
 -- KEYS[3]  inflight hash         KEYS[7]  paused flag
 -- KEYS[4]  dead zset             KEYS[8..17]  ready lists, priority 9 down to 0
+-- KEYS[18] stats hash (optional): "dead" counts the leases dead-lettered here
 -- ARGV[1]  how many jobs to pop (0 = maintenance only)
 -- ARGV[2]  lease in ms
 -- ARGV[3]  chunk: at most this many delayed and expired jobs are moved per call
@@ -68,6 +69,9 @@ for x = #expired, 1, -1 do
 end
 if #gone > 0 then
   redis.call('ZREM', KEYS[2], unpack(gone))
+end
+if KEYS[18] and buried > 0 then
+  redis.call('HINCRBY', KEYS[18], 'dead', buried)
 end
 if #moved > 0 or reaped > 0 then
   wake(KEYS[6])

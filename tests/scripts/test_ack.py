@@ -70,3 +70,13 @@ def test_ack_leaves_other_queues_state_alone(redis_client, s, k):
     pop(s, k, 1)
     ack(s, k, [b"a:1"])
     assert redis_client.lrange(k.ready_for(0), 0, -1) == [entry("b")]
+
+
+def test_ack_counts_applied_acks_in_the_stats_hash_exactly_once(redis_client, s, k):
+    redis_client.rpush(k.ready_for(0), entry("a"), entry("b"))
+    pop(s, k, 2)
+    keys = [k.reserved, k.inflight, k.stats]
+    assert [int(x) for x in s.ack(keys, [b"a:1", b"b:1"])] == []
+    # the same acks again (a reply lost, the flush re-sent): stale, not counted twice
+    assert [int(x) for x in s.ack(keys, [b"a:1", b"b:1"])] == [1, 2]
+    assert redis_client.hget(k.stats, "succeeded") == b"2"

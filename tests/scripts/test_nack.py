@@ -129,3 +129,12 @@ def test_stale_positions_count_pairs_across_retries_and_dead(redis_client, s, k)
     assert [m for m, _ in redis_client.zrange(k.delayed, 0, -1, withscores=True)] == [jobs[0]]
     assert redis_client.hgetall(k.dead_jobs) == {b"d": rec}
     assert redis_client.exists(k.reserved, k.inflight) == 0
+
+
+def test_nack_counts_retried_and_dead_in_the_stats_hash(redis_client, s, k):
+    popped(redis_client, s, k, "r", "d")
+    rec = codec.encode_dead_record("d", "failed", b"raw")
+    keys = [k.reserved, k.inflight, k.delayed, k.dead, k.dead_jobs, k.wake, k.stats]
+    assert list(s.nack(keys, [1, b"r:1", 10, b"d:1", rec])) == []
+    assert list(s.nack(keys, [1, b"r:1", 10, b"d:1", rec])) == [1, 2]  # stale: not counted
+    assert redis_client.hmget(k.stats, ["retried", "dead"]) == [b"1", b"1"]
