@@ -66,6 +66,11 @@ class Child:
     spawned_at: float
     ready: bool = False
     term_sent_at: float | None = None
+    beat_mtime: float = 0.0
+    """The heartbeat file's mtime when last looked at, and when (monotonic) it changed:
+    a child's silence is measured on the monotonic clock, so a wall-clock step cannot
+    make every child look hung."""
+    beat_seen_at: float = 0.0
 
 
 class Supervisor:
@@ -381,7 +386,6 @@ class Supervisor:
 
     def _murder_unresponsive(self) -> None:
         timeout = self.settings.heartbeat_timeout_s
-        now_wall = time.time()
         now = time.monotonic()
         for child in list(self.children.values()):
             if not self._is_ready(child):
@@ -391,9 +395,12 @@ class Supervisor:
                     self._kill(child.pid, signal.SIGKILL)
                 continue
             try:
-                age = now_wall - os.stat(child.heartbeat).st_mtime
+                mtime = os.stat(child.heartbeat).st_mtime
             except OSError:
                 continue
+            if mtime != child.beat_mtime:
+                child.beat_mtime, child.beat_seen_at = mtime, now
+            age = now - child.beat_seen_at
             if child.term_sent_at is not None:
                 if now - child.term_sent_at > self.settings.kill_grace_s:
                     self._kill(child.pid, signal.SIGKILL)

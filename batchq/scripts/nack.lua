@@ -20,6 +20,10 @@ while i < #ARGV do
   local id = member_id(m)
   local e = id and redis.call('ZSCORE', KEYS[1], m) and redis.call('HGET', KEYS[2], id)
   if e then
+    -- the lease goes first: ZREM is never refused on a full Redis, and once the script
+    -- has written Redis lets the rest through, so a full Redis cannot block retries and
+    -- dead letters (the script is atomic: nothing is ever seen half done)
+    redis.call('ZREM', KEYS[1], m)
     if i <= 2 * r then
       redis.call('ZADD', KEYS[3], now + tonumber(v), e)
       retried = retried + 1
@@ -28,7 +32,6 @@ while i < #ARGV do
       redis.call('ZADD', KEYS[4], now, id)
       buried = buried + 1
     end
-    redis.call('ZREM', KEYS[1], m)
     redis.call('HDEL', KEYS[2], id)
   else
     stale[#stale + 1] = i / 2
