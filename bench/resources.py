@@ -117,6 +117,14 @@ def idle_once(ctx: Context, processes: int | None, concurrency: int, warmup_s: f
     server_pid = ctx.server["pid"] if ctx.embedded is not None else 0
     with fleet:
         fleet.start()
+        # the supervisor forks its workers only after importing the app and checking
+        # Redis: wait for them (a loaded machine can take seconds), then warm up
+        want = 1 + (processes or 0)
+        deadline = time.monotonic() + 30.0
+        while len(process_tree(fleet.pid)) < want and time.monotonic() < deadline:
+            if not fleet.running():
+                break
+            time.sleep(0.05)
         time.sleep(warmup_s)
         if not fleet.running():
             raise RuntimeError(f"worker fleet exited\n{fleet.log_tail()}")
