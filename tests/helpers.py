@@ -159,3 +159,33 @@ def cleanup_started() -> None:
                 stop_proc(proc, sig=signal.SIGKILL, timeout_s=5)
         with contextlib.suppress(OSError):
             proc.log_path.unlink()
+
+
+# --- processes --------------------------------------------------------------------------
+
+
+def proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, ppid) of a process from /proc, None if it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return fields[0], int(fields[1])
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    st = proc_stat(pid)
+    return st is not None and st[0] != "Z"
+
+
+def children(pid: int) -> set[int]:
+    """Live (not zombie) children of ``pid``, found by their ppid in /proc."""
+    out: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = proc_stat(int(entry))
+            if st is not None and st[1] == pid and st[0] != "Z":
+                out.add(int(entry))
+    return out

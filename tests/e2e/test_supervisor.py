@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import pytest
 import redis
 from apps import sup_app
-from helpers import CliProcess, run_cli, start_cli, wait_until
+from helpers import CliProcess, alive, children, run_cli, start_cli, wait_until
 
 import batchq
 from batchq.embedded import EmbeddedServer
@@ -37,38 +37,11 @@ T = TypeVar("T")
 # --- processes -------------------------------------------------------------------------
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, ppid) of a live process, None if it is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = raw[raw.rindex(")") + 2 :].split()
-    return fields[0], int(fields[1])
-
-
-def children(pid: int) -> set[int]:
-    """Live (not zombie) children of ``pid``, found by scanning /proc for their ppid."""
-    out: set[int] = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        st = _stat(int(entry))
-        if st is not None and st[1] == pid and st[0] != "Z":
-            out.add(int(entry))
-    return out
-
-
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return ""
-
-
-def alive(pid: int) -> bool:
-    st = _stat(pid)
-    return st is not None and st[0] != "Z"
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import checker
 import redis
-from helpers import CliProcess, start_cli, wait_until
+from helpers import CliProcess, alive, children, start_cli, wait_until
 
 import batchq
 
@@ -27,32 +27,6 @@ T = TypeVar("T")
 
 
 # --- processes ---------------------------------------------------------------------------
-
-
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, ppid) of a process, None if it is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = raw[raw.rindex(")") + 2 :].split()
-    return fields[0], int(fields[1])
-
-
-def alive(pid: int) -> bool:
-    st = _stat(pid)
-    return st is not None and st[0] != "Z"
-
-
-def children(pid: int) -> set[int]:
-    """Live (not zombie) children of ``pid``, found by their ppid in /proc."""
-    out: set[int] = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            st = _stat(int(entry))
-            if st is not None and st[1] == pid and st[0] != "Z":
-                out.add(int(entry))
-    return out
 
 
 def serving_pids(proc: CliProcess) -> set[int]:
