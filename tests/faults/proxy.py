@@ -63,8 +63,9 @@ class Proxy:
     """``Proxy(upstream_port)``, then ``start()``; ``url`` is the address to use."""
 
     def __init__(self, upstream_port: int, upstream_host: str = "127.0.0.1",
-                 host: str = "127.0.0.1", port: int = 0) -> None:
+                 host: str = "127.0.0.1", port: int = 0, db: int = 0) -> None:
         self.upstream = (upstream_host, upstream_port)
+        self.db = db
         self.host = host
         self._want_port = port
         self.port = 0
@@ -142,7 +143,7 @@ class Proxy:
 
     @property
     def url(self) -> str:
-        return f"redis://{self.host}:{self.port}/0"
+        return f"redis://{self.host}:{self.port}/{self.db}"
 
     @property
     def connections(self) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import checker
 import pytest
@@ -34,8 +35,10 @@ POP_SHA = _Lua("pop").sha.encode()
 
 @pytest.fixture
 def proxy(redis_url: str) -> Iterator[Proxy]:
-    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
-    with Proxy(port) as p:
+    # same server and database as the rest of the test (db 15 on an external Redis)
+    parts = urlsplit(redis_url)
+    db = int(parts.path.strip("/") or 0)
+    with Proxy(parts.port or 6379, db=db) as p:
         yield p
 
 
