@@ -67,14 +67,17 @@ def read_runs(directory: str | os.PathLike[str]) -> list[Run]:
 
     A start line and an end line of the same run (same token, pid and start time) make
     one :class:`Run`; an end line alone is a completed run too (the soak writes no start
-    lines). Raises ``ValueError`` on a malformed line: a half-written record would be a
-    bug of the recorder, not something to skip."""
+    lines). A last line without its newline is a record still being written (or whose
+    writer was killed mid-write) and is left out. Raises ``ValueError`` on any other
+    malformed line: that would be a bug of the recorder, not something to skip."""
     # (token, pid, start as written) -> [job id, attempt, end]
     runs: dict[tuple[str, int, str], list[Any]] = {}
     cancels: Counter[tuple[str, int]] = Counter()
     for path in sorted(Path(directory).glob("runs-*.log")):
         with open(path) as f:
             for n, line in enumerate(f, 1):
+                if not line.endswith("\n"):
+                    break  # only the last line can lack it: an unfinished record
                 parts = line.split()
                 try:
                     kind, token, jid, attempt, pid = parts[:5]

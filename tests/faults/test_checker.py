@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import checker
+import pytest
 import redis
 from checker import Run, check
 
@@ -111,3 +112,12 @@ def test_leftovers_and_reconcile(redis_client: redis.Redis, redis_url: str,
     rec = checker.reconcile(text, "q")
     assert (rec.enqueued, rec.succeeded, rec.dead, rec.queued, rec.stale) == (10, 7, 1, 1, 1)
     assert not rec.ok and rec.missing == 1 and rec.ok_but_stale
+
+
+def test_read_runs_leaves_out_an_unfinished_last_line_but_not_a_bad_one(tmp_path: Path) -> None:
+    (tmp_path / "runs-7.log").write_text(
+        "E a id1 1 7 1.000000 1.500000\nS b id2 1 7 2.0")  # the writer was killed mid-line
+    assert [r.token for r in checker.read_runs(tmp_path)] == ["a"]
+    (tmp_path / "runs-8.log").write_text("X junk\nE c id3 1 8 1.0 2.0\n")
+    with pytest.raises(ValueError, match=r"runs-8\.log:1: malformed record"):
+        checker.read_runs(tmp_path)
