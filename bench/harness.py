@@ -251,6 +251,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def peak_rss_bytes(pid: int) -> int:
+    """Peak resident set size of one process so far (``VmHWM``, /proc/<pid>/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def rss_bytes(pid: int) -> int:
     """Resident set size of one process now (/proc/<pid>/statm)."""
     return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_SIZE

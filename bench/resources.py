@@ -5,8 +5,8 @@ memory: ``INFO memory`` ``used_memory`` is read before and after ``enqueue_many`
 jobs with a payload of the stated size (one ``bytes`` argument); the delta over N is the
 cost of a queued job, and the part above the encoded entry (``len`` of the bytes the
 producer writes) is Redis's own overhead per list element. Then a ``--burst`` fleet
-drains them while the harness samples the RSS (``/proc/<pid>/statm``) of every fleet
-process every 50 ms.
+drains them while the harness samples the peak RSS (``VmHWM`` in ``/proc/<pid>/status``)
+of every fleet process every 10 ms.
 
 idle: after a warm-up, the CPU time (``/proc/<pid>/stat`` utime + stime) of the
 supervisor and its workers and the server's ``INFO commandstats`` call counts are read
@@ -32,8 +32,8 @@ from .harness import (
     Row,
     batchq_worker_argv,
     cpu_seconds,
+    peak_rss_bytes,
     process_tree,
-    rss_bytes,
     wait_for_totals,
 )
 from .throughput import fill
@@ -65,11 +65,14 @@ def memory_once(ctx: Context, n: int, payload_bytes: int, processes: int | None,
     peak: dict[int, int] = {}
     with fleet:
         fleet.start()
-        while fleet.running() and record.read_totals(ctx.client, ctx.key)[0] < n:
+        # VmHWM is a process's peak RSS so far, so one late sample still sees the peak;
+        # keep sampling until the workers were seen (a tiny run can end in a blink)
+        while fleet.running() and (record.read_totals(ctx.client, ctx.key)[0] < n
+                                   or len(peak) < 1 + (1 if processes else 0)):
             for pid in process_tree(fleet.pid):
                 with contextlib.suppress(OSError, ValueError, IndexError):
-                    peak[pid] = max(peak.get(pid, 0), rss_bytes(pid))
-            time.sleep(0.05)
+                    peak[pid] = max(peak.get(pid, 0), peak_rss_bytes(pid))
+            time.sleep(0.01)
         wait_for_totals(ctx.client, ctx.key, n, 10.0, fleet)
         try:
             code = fleet.proc.wait(EXIT_GRACE_S) if fleet.proc is not None else 0
