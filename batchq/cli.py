@@ -21,8 +21,7 @@ from typing import Any
 import redis
 
 from .app import App
-
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_IMPORT, EXIT_REDIS = 0, 1, 2, 3, 4
+from .exitcodes import EXIT_IMPORT, EXIT_OK, EXIT_RECYCLED, EXIT_REDIS, EXIT_USAGE
 
 log = logging.getLogger("batchq.cli")
 
@@ -150,7 +149,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from .connection import RedisSettings
     from .health import check
     from .logs import setup_logging
-    from .worker import EXIT_RECYCLED, WorkerSettings, run_worker
+    from .worker import WorkerSettings, run_worker
 
     try:
         setup_logging(args.log_level, args.log_format, "supervisor" if args.processes else

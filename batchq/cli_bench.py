@@ -35,7 +35,7 @@ import time
 import urllib.request
 from typing import Any
 
-from . import cli
+from . import cli, exitcodes
 from .loadgen import LoadState, aopen_loop, percentile_keys
 
 HARNESS_COMMANDS = ("enqueue", "drain", "latency", "memory", "idle", "scale", "peers", "plot")
@@ -85,7 +85,7 @@ def cmd_harness(args: argparse.Namespace) -> int:
               f"({exc}). It lives in the top-level bench/ package of a batchq source "
               "checkout, not in the installed package: run this from the repository root "
               "(or use `python -m bench` there).", file=sys.stderr)
-        return cli.EXIT_USAGE
+        return exitcodes.EXIT_USAGE
     code: int = harness.main([args.bench_command, *args.rest])
     return code
 
@@ -212,17 +212,17 @@ async def _run_load(args: argparse.Namespace, task: Any, job_args: list[Any],
 def cmd_load(args: argparse.Namespace) -> int:
     if args.rate <= 0 or args.duration <= 0:
         print("batchq bench load: --rate and --duration must be positive", file=sys.stderr)
-        return cli.EXIT_USAGE
+        return exitcodes.EXIT_USAGE
     try:
         job_args, job_kwargs = _parse_args(args.args)
     except (ValueError, TypeError) as exc:
         print(f"batchq bench load: bad --args: {exc}", file=sys.stderr)
-        return cli.EXIT_USAGE
+        return exitcodes.EXIT_USAGE
     try:
         app = cli.load_app(args.app)
     except cli.AppImportError as exc:
         print(f"batchq bench load: {exc}", file=sys.stderr)
-        return cli.EXIT_IMPORT
+        return exitcodes.EXIT_IMPORT
     if args.redis_url:
         from .connection import RedisSettings
 
@@ -231,7 +231,7 @@ def cmd_load(args: argparse.Namespace) -> int:
     if task is None:
         print(f"batchq bench load: no task {args.task!r} in {args.app} (tasks: "
               f"{', '.join(sorted(app.tasks)) or 'none'})", file=sys.stderr)
-        return cli.EXIT_USAGE
+        return exitcodes.EXIT_USAGE
     import redis
 
     queue = app.queue(task.queue)
@@ -242,7 +242,7 @@ def cmd_load(args: argparse.Namespace) -> int:
     except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
         print(f"batchq bench load: cannot reach Redis or the metrics URL: {exc}",
               file=sys.stderr)
-        return cli.EXIT_REDIS
+        return exitcodes.EXIT_REDIS
     tty = sys.stderr.isatty()
     try:
         state, _ = _run_async(_run_load(args, task, job_args, job_kwargs, progress, tty))

@@ -30,7 +30,7 @@ from urllib.parse import unquote, urlsplit
 
 import redis
 
-from . import cli, codec
+from . import cli, codec, exitcodes
 from .app import App, Task
 from .connection import RedisSettings, redact, resolve_url
 from .errors import EnqueueError
@@ -99,7 +99,7 @@ class _Fail(Exception):
 
 
 def _usage(message: str) -> _Fail:
-    return _Fail(cli.EXIT_USAGE, message)
+    return _Fail(exitcodes.EXIT_USAGE, message)
 
 
 def _unreachable(url: str | None, exc: BaseException) -> str:
@@ -120,19 +120,19 @@ def _guarded(name: str, fn: Handler) -> Handler:
             return exc.code
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             _err(f"batchq {name}: {_unreachable(getattr(args, 'resolved_url', None), exc)}")
-            return cli.EXIT_REDIS
+            return exitcodes.EXIT_REDIS
         except redis.RedisError as exc:
             _err(f"batchq {name}: Redis error: {type(exc).__name__}: {exc}")
-            return cli.EXIT_ERROR
+            return exitcodes.EXIT_ERROR
         except KeyboardInterrupt:
             _err(f"batchq {name}: interrupted")
-            return cli.EXIT_ERROR
+            return exitcodes.EXIT_ERROR
         except BrokenPipeError:
             # output piped into `head` and the like: stop quietly
             with contextlib.suppress(OSError):
                 devnull = os.open(os.devnull, os.O_WRONLY)
                 os.dup2(devnull, sys.stdout.fileno())
-            return cli.EXIT_ERROR
+            return exitcodes.EXIT_ERROR
 
     return handler
 
@@ -219,7 +219,7 @@ def _load(ref: str) -> App:
     try:
         return cli.load_app(ref)
     except cli.AppImportError as exc:
-        raise _Fail(cli.EXIT_IMPORT, str(exc)) from None
+        raise _Fail(exitcodes.EXIT_IMPORT, str(exc)) from None
 
 
 def _target(args: argparse.Namespace) -> _Target:
@@ -372,7 +372,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     if args.interval is None:
         snap = snapshot(t)
         _out(_dumps(snap) if args.json else render_info(t, snap))
-        return cli.EXIT_OK
+        return exitcodes.EXIT_OK
     if args.interval <= 0:
         raise _usage("-i/--interval must be positive")
     try:
@@ -394,7 +394,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         if not args.json:
             _out()
-        return cli.EXIT_OK
+        return exitcodes.EXIT_OK
 
 
 # --- dead --------------------------------------------------------------------------------
@@ -439,11 +439,11 @@ def cmd_dead(args: argparse.Namespace) -> int:
     if action == "retry":
         n = q.retry_dead(ids)
         _report_count(args, "retried", n, ids, q, "back to ready")
-        return cli.EXIT_OK
+        return exitcodes.EXIT_OK
     if action == "purge":
         n = q.purge_dead(ids)
         _report_count(args, "purged", n, ids, q, "deleted")
-        return cli.EXIT_OK
+        return exitcodes.EXIT_OK
     total = int(t.app.redis.zcard(q.keys.dead))
     limit: int | None = args.limit
     if limit is None and ids is None and not args.all and action == "list":
@@ -456,7 +456,7 @@ def cmd_dead(args: argparse.Namespace) -> int:
         _dead_list(args, q, jobs, total)
     else:
         _dead_show(args, q, jobs)
-    return cli.EXIT_ERROR if missing else cli.EXIT_OK
+    return exitcodes.EXIT_ERROR if missing else exitcodes.EXIT_OK
 
 
 def _report_count(args: argparse.Namespace, verb: str, n: int, ids: list[str] | None,
@@ -534,7 +534,7 @@ def _pause_cmd(paused: bool) -> Handler:
             state = ("paused: workers take no new jobs from it" if st.paused
                      else "running: workers take jobs from it")
             _out(f"queue {q.name} ({t.where()}) is {state} ({st.ready} ready)")
-        return cli.EXIT_OK
+        return exitcodes.EXIT_OK
 
     return cmd
 
@@ -549,9 +549,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     h = check(RedisSettings(t.url))
     if h.ok:
         _out(f"ok: {h.reason}")
-        return cli.EXIT_OK
+        return exitcodes.EXIT_OK
     _err(f"batchq check: {h.reason}")
-    return cli.EXIT_ERROR
+    return exitcodes.EXIT_ERROR
 
 
 # --- enqueue -----------------------------------------------------------------------------
@@ -633,7 +633,7 @@ def _read_state(path: str) -> dict[str, Any]:
             raise ValueError("no valid next_line")
         return raw
     except (OSError, ValueError) as exc:
-        raise _Fail(cli.EXIT_ERROR, f"cannot use the progress file {path}: {exc}; delete it "
+        raise _Fail(exitcodes.EXIT_ERROR, f"cannot use the progress file {path}: {exc}; delete it "
                     "or pass --start-line N") from None
 
 
@@ -722,7 +722,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed below, after a long loop
     except OSError as exc:
-        raise _Fail(cli.EXIT_ERROR, f"cannot read {path}: {exc.strerror or exc}") from None
+        raise _Fail(exitcodes.EXIT_ERROR, f"cannot read {path}: {exc.strerror or exc}") from None
     with f:
         app.redis.ping()  # fail fast (exit 4) before reading a line
         size = os.fstat(f.fileno()).st_size
@@ -732,7 +732,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         elif os.path.exists(state_path):
             state = _read_state(state_path)
             if state.get("task", task.name) != task.name:
-                raise _Fail(cli.EXIT_ERROR, f"the progress file {state_path} belongs to task "
+                raise _Fail(exitcodes.EXIT_ERROR, f"the progress file {state_path} belongs to task "
                             f"{state['task']!r}, not {task.name!r}; delete it or pass "
                             "--start-line N")
             start = state["next_line"]
@@ -822,7 +822,7 @@ def _enqueue_stream(args: argparse.Namespace, task: Task[..., Any], f: IO[bytes]
                     _err(f"batchq enqueue: aborted at line {n}: {enqueued} enqueued before "
                          f"it; fix the line and run again to resume from line {n} "
                          f"(progress file {state_path})")
-                    return cli.EXIT_ERROR
+                    return exitcodes.EXIT_ERROR
                 skipped += 1
             elif item is not None:
                 calls.append(item)
@@ -839,13 +839,13 @@ def _enqueue_stream(args: argparse.Namespace, task: Task[..., Any], f: IO[bytes]
                 _err(f"batchq enqueue: stopped by {signal.Signals(stop_signal[0]).name} after "
                      f"line {n}: {enqueued} enqueued; run again to resume from line {n + 1} "
                      f"(progress file {state_path})")
-                return cli.EXIT_ERROR
+                return exitcodes.EXIT_ERROR
         flush(line + 1)
     except _Stop as stop:
         progress.clear()
         exc = stop.error
-        code = cli.EXIT_REDIS if isinstance(exc.__cause__, redis.ConnectionError
-                                            | redis.TimeoutError) else cli.EXIT_ERROR
+        code = exitcodes.EXIT_REDIS if isinstance(exc.__cause__, redis.ConnectionError
+                                            | redis.TimeoutError) else exitcodes.EXIT_ERROR
         doubt = (f"; {stop.unknown} jobs may or may not have been written and may be sent "
                  "twice on resume" if stop.unknown else "")
         _err(f"batchq enqueue: {exc}. {enqueued} enqueued in all; run again to resume from "
@@ -855,18 +855,18 @@ def _enqueue_stream(args: argparse.Namespace, task: Task[..., Any], f: IO[bytes]
         progress.clear()
         _err(f"batchq enqueue: {_unreachable(args.resolved_url, exc)}. {enqueued} enqueued; "
              f"run again to resume from line {_resume_line(state_path, start)}")
-        return cli.EXIT_REDIS
+        return exitcodes.EXIT_REDIS
     except (TypeError, ValueError) as exc:  # a job the line check let through
         progress.clear()
         _err(f"batchq enqueue: near line {line}: {exc}. {enqueued} enqueued; run again to "
              f"resume from line {_resume_line(state_path, start)}")
-        return cli.EXIT_ERROR
+        return exitcodes.EXIT_ERROR
     except KeyboardInterrupt:
         progress.clear()
         _err(f"batchq enqueue: interrupted: {enqueued} enqueued; run again to resume from "
              f"line {_resume_line(state_path, start)} (jobs sent just before may be sent "
              "again)")
-        return cli.EXIT_ERROR
+        return exitcodes.EXIT_ERROR
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -879,7 +879,7 @@ def _enqueue_stream(args: argparse.Namespace, task: Task[..., Any], f: IO[bytes]
     rate = enqueued / elapsed if elapsed > 0 else 0.0
     _out(f"{enqueued} enqueued, {skipped} skipped in {elapsed:.2f}s ({rate:,.0f} jobs/s) "
          f"to queue {task.queue} of {_task_where(task)}")
-    return cli.EXIT_OK
+    return exitcodes.EXIT_OK
 
 
 def _task_where(task: Task[..., Any]) -> str:

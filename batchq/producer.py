@@ -38,7 +38,7 @@ WINDOW = 8
 RETRY_DELAYS_S = (0.05, 0.2, 0.5, 1.0, 2.0)
 """Backoff between tries of a write whose connection failed (about 4 s in all)."""
 
-_CONN_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.TryAgainError,
+_RETRY_WRITE_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.TryAgainError,
                 redis.exceptions.ClusterError, RuntimeError)
 """Errors after which a write is retried (in check mode): a lost connection (under uvloop
 a write to a reset connection raises RuntimeError), or a Redis Cluster slot moving (the
@@ -245,7 +245,7 @@ def _with_retry_sync(app: App, p: _Plan, entries: list[bytes]) -> None:
             app.register_queue(p.keys.queue)  # once per process; retried like the write
             app.sync_scripts.schedule(keys, args) if p.due else app.sync_scripts.enqueue(keys, args)
             return
-        except _CONN_ERRORS as exc:
+        except _RETRY_WRITE_ERRORS as exc:
             last = exc
         except redis.ResponseError as exc:  # e.g. OOM: the script did not run
             raise EnqueueError(f"Redis refused to enqueue {p.task}: {exc}",
@@ -278,7 +278,7 @@ def enqueue_many(app: App, p: _Plan, items: Iterable[Any]) -> list[str]:
                 script(keys, args, client=pipe)
             try:
                 results = run_pipeline(pipe, app.redis)
-            except _CONN_ERRORS as exc:
+            except _RETRY_WRITE_ERRORS as exc:
                 raise st.lost(window, exc) from exc
             st.record(window, results)
     return st.written
@@ -297,7 +297,7 @@ async def _with_retry_async(app: App, p: _Plan, entries: list[bytes]) -> None:
             await app.aregister_queue(p.keys.queue)  # once per process; retried like the write
             await (scripts.schedule if p.due else scripts.enqueue)(keys, args)
             return
-        except _CONN_ERRORS as exc:
+        except _RETRY_WRITE_ERRORS as exc:
             last = exc
         except redis.ResponseError as exc:  # e.g. OOM: the script did not run
             raise EnqueueError(f"Redis refused to enqueue {p.task}: {exc}",
@@ -387,7 +387,7 @@ async def aenqueue_many(app: App, p: _Plan, items: Iterable[Any]) -> list[str]:
                 await script(keys, args, client=pipe)
             try:
                 results = await arun_pipeline(pipe, app.async_redis())
-            except _CONN_ERRORS as exc:
+            except _RETRY_WRITE_ERRORS as exc:
                 raise st.lost(window, exc) from exc
             st.record(window, results)
     return st.written

@@ -33,11 +33,11 @@ from dataclasses import dataclass, replace
 from types import FrameType
 
 from .app import App
-from .worker import EXIT_RECYCLED, WorkerSettings
+from .exitcodes import EXIT_ERROR, EXIT_IMPORT, EXIT_OK, EXIT_RECYCLED, EXIT_REDIS
+from .worker import WorkerSettings
 
 log = logging.getLogger("batchq.supervisor")
 
-EXIT_OK, EXIT_ERROR, EXIT_IMPORT, EXIT_REDIS = 0, 1, 3, 4
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from redis.exceptions import RedisClusterException
 from . import codec
 from .codec import Job
 from .errors import Retry
+from .exitcodes import EXIT_RECYCLED
 from .keys import QueueKeys, worker_info_key, workers_key
 from .metrics import bump
 from .scripts import AsyncScript, AsyncScripts, arun_pipeline
@@ -72,12 +73,9 @@ METRICS_EVERY_S = 1.0
 REGISTRY_EVERY_S = 5.0
 """How often a worker refreshes its entry in the worker registry."""
 
-EXIT_RECYCLED = 5
-"""Exit code of a worker that stopped at ``max_jobs``: the supervisor replaces it, even
-in burst mode (exit 0 in burst mode means the queues are drained)."""
 
-_CONN_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
-_REDIS_ERRORS = (*_CONN_ERRORS, redis.RedisError, RedisClusterException, RuntimeError)
+_CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
+_REDIS_ERRORS = (*_CONNECTION_ERRORS, redis.RedisError, RedisClusterException, RuntimeError)
 """Any failed Redis call: a lost connection, a refusal (OOM, READONLY, NOPERM), and on a
 cluster ``ClusterError`` ("TTL exhausted": a slot kept answering TRYAGAIN/ASK while it
 migrated) or ``SlotNotCoveredError`` (a stale slot map; not a ``RedisError``). Under

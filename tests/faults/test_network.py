@@ -184,7 +184,7 @@ def test_aenqueue_on_uvloop_after_a_reset_raises_no_runtime_error(
     """Fixed (the same uvloop error on the producer side): a handler that enqueues
     follow-up jobs runs on the worker's uvloop; after a reset of its pooled connection
     ``aenqueue`` raises ``RuntimeError`` instead of retrying (or raising
-    ``EnqueueError``), because ``producer._CONN_ERRORS`` is only
+    ``EnqueueError``), because ``producer._RETRY_WRITE_ERRORS`` is only
     ``(redis.ConnectionError, redis.TimeoutError)``."""
     import asyncio
 
