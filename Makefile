@@ -42,7 +42,7 @@ test: lint tools
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 demo: $(VENV)/.installed
-	$(BIN)/python -m batchq.demo
+	$(BIN)/python -m batchq.dev.demo
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -25,7 +25,7 @@ from typing import Any
 import redis
 
 import batchq
-from batchq.embedded import EmbeddedServer
+from batchq.dev.server import EmbeddedServer
 
 from . import record
 

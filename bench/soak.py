@@ -47,7 +47,7 @@ import redis  # noqa: E402
 from faults import fault_app  # noqa: E402
 
 import batchq  # noqa: E402
-from batchq.embedded import EmbeddedServer  # noqa: E402
+from batchq.dev.server import EmbeddedServer  # noqa: E402
 
 APP = "faults.fault_app:app"
 QUEUE = "default"

@@ -18,7 +18,7 @@ for _path in (REPO_ROOT, REPO_ROOT / "tests"):
 
 import helpers  # noqa: E402
 
-from batchq.embedded import EmbeddedServer  # noqa: E402
+from batchq.dev.server import EmbeddedServer  # noqa: E402
 
 TEST_REDIS_URL_ENV = "BATCHQ_TEST_REDIS_URL"
 

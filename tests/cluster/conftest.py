@@ -1,23 +1,22 @@
 """Fixtures for the Redis Cluster tests: one real 3-master Valkey cluster per module
-(``batchq.embedded.EmbeddedCluster``), queue names placed on chosen nodes, and worker
+(``batchq.dev.cluster.EmbeddedCluster``), queue names placed on chosen nodes, and worker
 processes of ``cluster.cluster_app:app`` that record their runs in a file (outside
 Redis)."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis
-from helpers import CliProcess, start_cli, wait_until
+from helpers import CliProcess
 from redis.crc import key_slot
+from workers import WorkerProcs
+from workers import worker_env as worker_env_of
 
 import batchq
-from batchq.embedded import EmbeddedCluster
+from batchq.dev.cluster import EmbeddedCluster
 
 from .cluster_app import build
 
@@ -87,14 +86,12 @@ def app(cluster: EmbeddedCluster, namespace: str, log_path: Path,
 @pytest.fixture
 def worker_env(cluster: EmbeddedCluster, namespace: str, log_path: Path,
                flag_path: Path) -> dict[str, str | None]:
-    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("BATCHQ_")}
-    env.update({
+    return worker_env_of({
         "BATCHQ_REDIS_URL": cluster.url,
         "BATCHQ_TEST_NS": namespace,
         "BATCHQ_TEST_LOG": str(log_path),
         "BATCHQ_TEST_FLAG": str(flag_path),
     })
-    return env
 
 
 WorkerFactory = Callable[..., CliProcess]
@@ -105,18 +102,9 @@ def start_worker(worker_env: dict[str, str | None]) -> Iterator[WorkerFactory]:
     """``start_worker(queues, *extra_args, serving=1)``: ``batchq worker`` of the cluster
     app; waits until ``serving`` worker processes logged that they serve. Any still
     running at teardown is SIGKILLed."""
-    procs: list[CliProcess] = []
+    with WorkerProcs(APP_REF, worker_env) as procs:
 
-    def start(queues: list[str], *extra: str, serving: int = 1) -> CliProcess:
-        proc = start_cli(["worker", APP_REF, "-q", ",".join(queues), *extra], env=worker_env)
-        procs.append(proc)
-        wait_until(lambda: proc.read_log().count(" serving ") >= serving
-                   or proc.poll() is not None, timeout_s=30, message="worker did not start")
-        assert proc.poll() is None, proc.read_log()
-        return proc
+        def start(queues: list[str], *extra: str, serving: int = 1) -> CliProcess:
+            return procs.start("-q", ",".join(queues), *extra, serving=serving)
 
-    yield start
-    for p in procs:
-        if p.poll() is None:
-            with contextlib.suppress(Exception):
-                p.stop(signal.SIGKILL, timeout_s=5)
+        yield start

@@ -21,7 +21,7 @@ from helpers import run_cli, wait_until
 
 import batchq
 from batchq.connection import RedisSettings, is_cluster_url, plain_url, redact
-from batchq.embedded import EmbeddedCluster
+from batchq.dev.cluster import EmbeddedCluster
 from batchq.metrics import QueueCollector
 from batchq.scripts import run_pipeline
 

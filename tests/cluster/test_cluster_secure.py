@@ -19,7 +19,7 @@ from helpers import run_cli, start_cli
 from security.acl import acl_setuser_args
 from security.tlsproxy import Certs, TLSProxy, make_certs
 
-from batchq.embedded import EmbeddedCluster
+from batchq.dev.cluster import EmbeddedCluster
 
 from .conftest import APP_REF, node_client, queues_on_nodes, read_runs
 

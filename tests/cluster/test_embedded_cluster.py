@@ -1,4 +1,4 @@
-"""``batchq.embedded.EmbeddedCluster``: start, slot layout, migration, clean stop."""
+"""``batchq.dev.cluster.EmbeddedCluster``: start, slot layout, migration, clean stop."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import redis.cluster
 
-from batchq.embedded import CLUSTER_SLOTS, EmbeddedCluster
+from batchq.dev.cluster import CLUSTER_SLOTS, EmbeddedCluster
 
 
 def test_slot_ranges_cover_every_slot_once() -> None:

@@ -1,4 +1,4 @@
-"""``python -m batchq.demo`` end to end: a real producer, a real burst worker subprocess,
+"""``python -m batchq.dev.demo`` end to end: a real producer, a real burst worker subprocess,
 and either the demo's own embedded Valkey or the suite's Redis."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ JOBS = 2000
 
 def _run_demo(env: dict[str, str | None]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "batchq.demo", "--jobs", str(JOBS)],
+        [sys.executable, "-m", "batchq.dev.demo", "--jobs", str(JOBS)],
         cwd=REPO_ROOT,
         env=cli_env(env),
         stdin=subprocess.DEVNULL,
@@ -65,10 +65,10 @@ def test_demo_uses_the_given_redis_and_leaves_nothing_behind(
 
 
 def test_importing_the_demo_starts_nothing() -> None:
-    # the worker subprocess imports batchq.demo:app: that must not start a server,
+    # the worker subprocess imports batchq.dev.demo:app: that must not start a server,
     # connect anywhere or print anything
     unused = f"redis://127.0.0.1:{free_port()}/0"
-    code = ("import batchq.demo as d; "
+    code = ("import batchq.dev.demo as d; "
             f"assert d.app.redis_url == {unused!r}; "
             "assert d.app.namespace == 'nsx'; "
             "assert 'send_email' in d.app.tasks")

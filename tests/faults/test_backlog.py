@@ -16,7 +16,7 @@ import time
 import checker
 import pytest
 
-from batchq.embedded import EmbeddedServer
+from batchq.dev.server import EmbeddedServer
 from batchq.scripts import _Lua
 
 from . import fault_app

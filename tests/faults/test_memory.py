@@ -20,7 +20,7 @@ from helpers import free_port, wait_until
 
 import batchq
 from batchq import codec
-from batchq.embedded import EmbeddedServer
+from batchq.dev.server import EmbeddedServer
 
 from .conftest import FleetFactory
 

@@ -15,7 +15,7 @@ import time
 import redis
 from helpers import free_port
 
-from batchq.embedded import EmbeddedServer
+from batchq.dev.server import EmbeddedServer
 from batchq.scripts import NAMES, _Lua
 
 from ._fleet import Producer

@@ -11,7 +11,7 @@ from apps.basic import build
 from helpers import free_port, wait_until
 
 import batchq
-from batchq.embedded import EmbeddedServer
+from batchq.dev.server import EmbeddedServer
 
 
 def test_worker_survives_redis_restart_and_producer_fails_clearly(namespace, queue_name,

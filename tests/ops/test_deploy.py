@@ -367,7 +367,7 @@ def test_compose_worker_and_producer() -> None:
     assert (context / build["dockerfile"]).resolve() == DEPLOY / "Dockerfile"
     assert w["deploy"]["replicas"] == 2
     argv = as_argv(w["command"])
-    assert "batchq.demo:app" in argv
+    assert "batchq.dev.demo:app" in argv
     assert "-p" in argv and int(argv[argv.index("-p") + 1]) >= 1
     env = env_dict(w["environment"])
     assert env["BATCHQ_REDIS_URL"] == "redis://redis:6379/0"
@@ -376,7 +376,7 @@ def test_compose_worker_and_producer() -> None:
 
     p = services["producer"]
     cmd = as_argv(p.get("entrypoint", [])) + as_argv(p.get("command", []))
-    assert cmd[:3] == ["python", "-m", "batchq.demo"]
+    assert cmd[:3] == ["python", "-m", "batchq.dev.demo"]
     assert cmd[cmd.index("--jobs") + 1] == "100000"
     assert env_dict(p["environment"])["BATCHQ_REDIS_URL"] == "redis://redis:6379/0"
     assert p["image"] == w["image"]

@@ -15,7 +15,7 @@ import redis
 from helpers import run_cli, wait_until
 
 from batchq.connection import RedisSettings
-from batchq.embedded import EmbeddedServer
+from batchq.dev.server import EmbeddedServer
 
 from .conftest import WorkerFactory, clean_env
 from .sec_app import build, runs

@@ -1,4 +1,4 @@
-"""Tests for batchq.embedded (the bundled Valkey launcher)."""
+"""Tests for batchq.dev.server (the bundled Valkey launcher)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import redis
 from helpers import cli_env, free_port, stop_proc, wait_until
 
-from batchq.embedded import EmbeddedServer, start_embedded
+from batchq.dev.server import EmbeddedServer, start_embedded
 
 
 def _pid_alive(pid: int) -> bool:
@@ -140,14 +140,14 @@ def test_restart_after_stop() -> None:
 
 
 def test_auto_port_retries_when_picked_port_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
-    import batchq.embedded as embedded
+    import batchq.dev.server as server_module
 
     with socket.socket() as blocker:
         blocker.bind(("127.0.0.1", 0))
         blocker.listen()
         busy = blocker.getsockname()[1]
         picks = iter([busy, free_port()])
-        monkeypatch.setattr(embedded, "_pick_free_port", lambda host: next(picks))
+        monkeypatch.setattr(server_module, "pick_free_port", lambda host: next(picks))
         with EmbeddedServer() as server:
             assert server.port != busy
             assert redis.Redis.from_url(server.url).ping()
@@ -159,7 +159,7 @@ def _python(code: str) -> list[str]:
 
 def test_atexit_guard_stops_forgotten_server() -> None:
     code = (
-        "from batchq.embedded import start_embedded\n"
+        "from batchq.dev.server import start_embedded\n"
         "s = start_embedded()\n"
         "print(s.pid, s.dir, flush=True)\n"
     )
@@ -175,7 +175,7 @@ def test_atexit_guard_stops_forgotten_server() -> None:
 def test_serve_forever_stops_on_signal(sig: signal.Signals, tmp_path: Path) -> None:
     port = free_port()
     log = tmp_path / "out.log"
-    code = f"from batchq.embedded import serve_forever; raise SystemExit(serve_forever({port}))"
+    code = f"from batchq.dev.server import serve_forever; raise SystemExit(serve_forever({port}))"
     with open(log, "w") as fh:
         proc = subprocess.Popen(_python(code), env=cli_env(), stdout=fh, stderr=subprocess.STDOUT)
     try:

@@ -1,13 +1,13 @@
 """``make demo``: enqueue fake emails, drain them with one burst worker, check the result.
 
-``python -m batchq.demo [--jobs N]``. Without ``$BATCHQ_REDIS_URL`` an embedded Valkey is
+``python -m batchq.dev.demo [--jobs N]``. Without ``$BATCHQ_REDIS_URL`` an embedded Valkey is
 started for the run. Jobs are written with ``enqueue_many``; a real ``batchq worker``
 subprocess (``--burst``: it exits once the queue is empty) runs them while this process
 shows progress from ``Queue.stats()``. Exit code 0 only if the worker exited 0 and every
 job was acknowledged: nothing ready, delayed, reserved or dead.
 
 Importing this module starts nothing: it only builds ``app`` (read by the worker as
-``batchq.demo:app``) from ``$BATCHQ_REDIS_URL`` and ``$BATCHQ_DEMO_NAMESPACE``.
+``batchq.dev.demo:app``) from ``$BATCHQ_REDIS_URL`` and ``$BATCHQ_DEMO_NAMESPACE``.
 """
 
 from __future__ import annotations
@@ -27,12 +27,11 @@ from typing import IO
 
 import redis
 
-from .app import App
-from .connection import redact
-from .embedded import EmbeddedServer
-from .keys import queues_key
-from .producer import CHUNK, WINDOW
-from .queue import QueueStats
+from .. import App, QueueStats
+from ..connection import redact
+from ..keys import queues_key
+from ..producer import CHUNK, WINDOW
+from .server import EmbeddedServer
 
 NAMESPACE_ENV = "BATCHQ_DEMO_NAMESPACE"
 DEFAULT_NAMESPACE = "batchq-demo"
@@ -163,7 +162,7 @@ def drain(demo: App, n: int, line: Line, log: IO[bytes]) -> tuple[int | None, Qu
     """Run one burst worker to the end, showing progress. Returns its exit code (None if
     it had to be stopped) and the queue's final counts."""
     queue = demo.queue(QUEUE)
-    cmd = [sys.executable, "-m", "batchq", "worker", "batchq.demo:app", "--burst",
+    cmd = [sys.executable, "-m", "batchq", "worker", "batchq.dev.demo:app", "--burst",
            "--queues", QUEUE, "--log-level", "WARNING"]
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env=_worker_env(demo), stdin=subprocess.DEVNULL,
@@ -233,7 +232,7 @@ def run(redis_url: str, n: int) -> int:
         if not enqueue(demo, n, line):
             print("FAILED: enqueue_many returned fewer ids than items", file=sys.stderr)
             return 1
-        print("worker   batchq worker batchq.demo:app --burst  (1 process, "
+        print("worker   batchq worker batchq.dev.demo:app --burst  (1 process, "
               f"concurrency {os.environ.get('BATCHQ_CONCURRENCY', '100')})")
         with tempfile.TemporaryFile() as log:
             code, st = drain(demo, n, line, log)
@@ -261,7 +260,7 @@ def run(redis_url: str, n: int) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m batchq.demo",
+        prog="python -m batchq.dev.demo",
         description="Enqueue fake emails and drain them with one batchq burst worker. "
         "Uses $BATCHQ_REDIS_URL, or an embedded Valkey when it is unset.")
     p.add_argument("--jobs", type=int, default=100_000, metavar="N",
