@@ -9,39 +9,30 @@ state from ``Queue.stats()``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import redis
 from apps import sup_app
-from helpers import CliProcess, alive, children, run_cli, start_cli, wait_until
+from helpers import CliProcess, alive, run_cli
+from workers import WorkerFleet, log_tail
 
 import batchq
-from batchq.embedded import EmbeddedServer
+from batchq.dev.server import EmbeddedServer
 
 APP = "apps.sup_app:app"
 
-T = TypeVar("T")
 
-
-# --- processes -------------------------------------------------------------------------
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
+# --- the harness -------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -52,58 +43,24 @@ class Run:
     version: str
 
 
-@dataclass
-class Harness:
-    """One test's namespace, producer app, version file and started processes."""
+class Harness(WorkerFleet):
+    """One test's namespace, producer app, version file and started processes (on the
+    shared :class:`workers.WorkerFleet`): every start gets ``--metrics-port 0`` unless
+    given, so the supervisor's children are its workers; cleanup stops a supervisor with
+    SIGINT (fast), then SIGKILL."""
 
-    url: str
-    ns: str
-    version_file: Path
-    r: redis.Redis
-    app: batchq.App
-    procs: list[CliProcess] = field(default_factory=list)
-    seen_children: set[int] = field(default_factory=set)
+    metrics_port_always = True
+    cleanup_signal = signal.SIGINT
+    log_lines = 40
 
-    @property
-    def env(self) -> dict[str, str | None]:
-        return {"BATCHQ_REDIS_URL": self.url, "SUP_NS": self.ns,
-                "SUP_VERSION_FILE": str(self.version_file)}
+    def __init__(self, url: str, ns: str, version_file: Path, r: redis.Redis,
+                 app: batchq.App) -> None:
+        super().__init__(url, r, app, APP)
+        self.ns = ns
+        self.version_file = version_file
 
-    def start(self, *flags: str, env: dict[str, str | None] | None = None) -> CliProcess:
-        """``batchq worker apps.sup_app:app *flags``; without ``--metrics-port`` the
-        metrics server is off (port 0), so the supervisor's children are its workers."""
-        if "--metrics-port" not in flags:
-            flags = (*flags, "--metrics-port", "0")
-        proc = start_cli(["worker", APP, *flags], env={**self.env, **(env or {})})
-        self.procs.append(proc)
-        return proc
-
-    def children(self, proc: CliProcess) -> set[int]:
-        kids = children(proc.pid)
-        self.seen_children |= kids
-        return kids
-
-    def wait_children(self, proc: CliProcess, n: int, timeout_s: float = 15.0) -> set[int]:
-        """Wait until the supervisor has exactly ``n`` children that are serving."""
-
-        def check() -> set[int] | None:
-            assert proc.poll() is None, f"supervisor exited {proc.returncode}:\n{log(proc)}"
-            kids = self.children(proc)
-            if len(kids) != n:
-                return None
-            serving = {int(p) for p in _serving_pids(proc) if p.isdigit()}
-            return kids if kids <= serving else None
-
-        return self.until(check, timeout_s, f"{n} serving children")
-
-    def until(self, predicate: Callable[[], T], timeout_s: float, what: str) -> T:
-        """``wait_until`` whose failure message shows the queue and the logs as they
-        are when it fails."""
-        try:
-            return wait_until(predicate, timeout_s, 0.05)
-        except AssertionError:
-            raise AssertionError(f"{what} (within {timeout_s}s)\n{self.stats()}\n"
-                                 f"{self.logs()}") from None
+    def app_env(self) -> dict[str, str | None]:
+        return {"SUP_NS": self.ns, "SUP_VERSION_FILE": str(self.version_file)}
 
     def enqueue(self, task: str, items: list[Any]) -> list[str]:
         return self.app.tasks[task].enqueue_many(items)
@@ -129,48 +86,9 @@ class Harness:
         self.until(lambda: want <= self.done_ids(), timeout_s,
                    f"{len(want)} jobs done")
 
-    def stats(self) -> batchq.QueueStats:
-        return self.app.queue("default").stats()
-
-    def logs(self) -> str:
-        return "\n".join(log_tail(p) for p in self.procs)
-
-    def cleanup(self) -> None:
-        """Stop what this test started: supervisors (fast), then any child left over."""
-        for proc in self.procs:
-            if proc.poll() is None:
-                self.children(proc)
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.pid, signal.SIGINT)
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(proc.pid, signal.SIGKILL)
-                    proc.wait(timeout=5)
-        for pid in self.seen_children:  # a child that outlived its supervisor
-            if alive(pid) and APP in _cmdline(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        self.app.close()
-
 
 def log(proc: CliProcess) -> str:
     return proc.read_log()
-
-
-def log_tail(proc: CliProcess, lines: int = 40) -> str:
-    return f"--- log of pid {proc.pid} ---\n" + "\n".join(log(proc).splitlines()[-lines:])
-
-
-def _serving_pids(proc: CliProcess) -> list[str]:
-    """Pids that logged 'worker <host>:<pid> serving ...' (plain or JSON logs)."""
-    out = []
-    for line in log(proc).splitlines():
-        if " serving " in line and "worker " in line:
-            head = line.split(" serving ", 1)[0]
-            out.append(head.rsplit(":", 1)[-1])
-    return out
 
 
 def wait_exit(proc: CliProcess, timeout_s: float) -> tuple[int, float]:
@@ -251,7 +169,7 @@ def test_sigterm_drains_in_time_and_a_burst_worker_finishes_the_rest(h: Harness)
 
     done_by_sup = h.done_ids()
     assert done_by_sup, "the supervisor's children ran nothing"
-    rest = run_cli(["worker", APP, "--burst", "-c", "200", "--lease-s", "10"], env=h.env,
+    rest = run_cli(["worker", APP, "--burst", "-c", "200", "--lease-s", "10"], env=h.env(),
                    timeout_s=60)
     assert rest.returncode == 0, rest.stderr[-3000:]
     runs = Counter(r.id for r in h.runs())
@@ -501,7 +419,7 @@ def test_json_logs_name_pid_and_role_and_never_show_the_password(
         if obj["role"] == "supervisor":
             assert obj["pid"] == sup.pid, line
         else:
-            assert obj["pid"] in h.seen_children, line
+            assert obj["pid"] in h.seen, line
     assert "supervisor" in roles
     assert any(r.startswith("worker-") for r in roles), roles
 

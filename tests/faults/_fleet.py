@@ -1,137 +1,60 @@
-"""The fault tests' harness: worker fleets of ``faults.fault_app:app``, the processes they
-started and killed, a looping producer, and the checker wired to one test's namespace."""
+"""The fault tests' harness: worker fleets of ``faults.fault_app:app`` (on the shared
+:class:`workers.WorkerFleet`), the processes they started and killed, a looping producer,
+and the checker wired to one test's namespace.
+
+The names the fault tests import from here stay importable here: ``Fleet``,
+``Producer``, ``Produced``, ``build_app``, ``APP``, and the process helpers
+``serving_pids``, ``alive`` and ``children``.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import checker
 import redis
-from helpers import CliProcess, alive, children, start_cli, wait_until
+from helpers import CliProcess, alive, children
+from workers import WorkerFleet, serving_pids
 
 import batchq
 
 from . import fault_app
 
+__all__ = ["APP", "Fleet", "Produced", "Producer", "alive", "build_app", "children",
+           "serving_pids"]
+
 APP = "faults.fault_app:app"
-T = TypeVar("T")
-
-
-# --- processes ---------------------------------------------------------------------------
-
-
-def serving_pids(proc: CliProcess) -> set[int]:
-    """Pids that logged ``worker <host>:<pid> serving ...``: worker processes, not the
-    supervisor's metrics server."""
-    out = set()
-    for line in proc.read_log().splitlines():
-        if " serving " in line and "worker " in line:
-            tail = line.split(" serving ", 1)[0].rsplit(":", 1)[-1]
-            if tail.isdigit():
-                out.add(int(tail))
-    return out
 
 
 # --- the harness -------------------------------------------------------------------------
 
 
-@dataclass
-class Fleet:
+class Fleet(WorkerFleet):
     """One test's namespace, run-record directory, producer app and processes."""
 
-    url: str
-    """The Redis URL the workers use (maybe a proxy's)."""
-    ns: str
-    runs_dir: Path
-    r: redis.Redis
-    """A direct client (never through a proxy), for inspection."""
-    app: batchq.App
-    """The producer's app (same tasks as the workers'; it records nothing)."""
-    procs: list[CliProcess] = field(default_factory=list)
-    killed: set[int] = field(default_factory=set)
-    seen: set[int] = field(default_factory=set)
+    def __init__(self, url: str, ns: str, runs_dir: Path, r: redis.Redis,
+                 app: batchq.App) -> None:
+        super().__init__(url, r, app, APP)
+        self.ns = ns
+        self.runs_dir = runs_dir
 
     # processes
 
-    def env(self, extra: dict[str, str | None] | None = None,
-            url: str | None = None) -> dict[str, str | None]:
-        env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("BATCHQ_")}
-        env.update({"BATCHQ_REDIS_URL": url or self.url, "FAULT_NS": self.ns,
-                    "FAULT_RUNS": str(self.runs_dir)})
-        env.update(extra or {})
-        return env
+    def app_env(self) -> dict[str, str | None]:
+        return {"FAULT_NS": self.ns, "FAULT_RUNS": str(self.runs_dir)}
 
-    def start(self, *flags: str, env: dict[str, str | None] | None = None,
+    def start(self, *flags: str, env: Mapping[str, str | None] | None = None,
               url: str | None = None, wait_ready: bool = True) -> CliProcess:
         """``batchq worker faults.fault_app:app *flags`` (``--metrics-port 0`` unless
-        given, so a supervisor's children are its workers)."""
-        if "-p" in flags and "--metrics-port" not in flags:
-            flags = (*flags, "--metrics-port", "0")
-        proc = start_cli(["worker", APP, *flags], env=self.env(env, url))
-        self.procs.append(proc)
-        if wait_ready and "--burst" not in flags:
-            self.until(lambda: proc.poll() is not None or serving_pids(proc), 20,
-                       f"worker {proc.pid} serving")
-            assert proc.poll() is None, proc.read_log()
-        return proc
-
-    def children(self, proc: CliProcess) -> set[int]:
-        kids = children(proc.pid)
-        self.seen |= kids
-        return kids
-
-    def wait_children(self, proc: CliProcess, n: int, timeout_s: float = 20.0) -> set[int]:
-        """Wait until the supervisor has ``n`` worker children, each of them serving (its
-        metrics server aside); returns their pids."""
-
-        def ready() -> set[int] | None:
-            assert proc.poll() is None, f"supervisor exited {proc.returncode}\n" + \
-                proc.read_log()[-3000:]
-            kids = self.children(proc)
-            workers = kids & serving_pids(proc)
-            unknown = kids - workers - ({self.metrics_pid(proc)} - {None})
-            return workers if len(workers) == n and not unknown else None
-
-        return self.until(ready, timeout_s, f"{n} serving children of {proc.pid}")
-
-    def workers(self, proc: CliProcess) -> set[int]:
-        """The supervisor's live worker children (not its metrics server)."""
-        return self.children(proc) & serving_pids(proc)
-
-    def metrics_pid(self, proc: CliProcess) -> int | None:
-        for line in proc.read_log().splitlines():
-            if "[metrics " in line and "metrics on http" in line:
-                pid = line.split("[metrics ", 1)[1].split("]", 1)[0]
-                if pid.isdigit() and alive(int(pid)):
-                    return int(pid)
-        return None
-
-    def kill(self, *pids: int) -> None:
-        """SIGKILL, remembered for the checker (a duplicate may follow)."""
-        for pid in pids:
-            self.killed.add(pid)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-    def kill_fleet(self, sup: CliProcess) -> set[int]:
-        """kill -9 the supervisor and then each of its children (found before and after:
-        a child the supervisor forked at the last moment is caught too)."""
-        kids = self.children(sup)
-        self.kill(sup.pid)
-        sup.wait(10)
-        kids |= {p for p in self.seen if alive(p) and _is_ours(p)}
-        self.kill(*kids)
-        self.until(lambda: not any(alive(p) for p in kids), 10, "killed children gone")
-        return kids | {sup.pid}
+        given, so a supervisor's children are its workers); waits until it serves
+        unless ``wait_ready=False`` or ``--burst``."""
+        return super().start(*flags, env=env, url=url, wait_ready=wait_ready)
 
     def drain(self, *flags: str, timeout_s: float = 60.0,
               env: dict[str, str | None] | None = None) -> CliProcess:
@@ -144,35 +67,6 @@ class Fleet:
                                  f"{self.stats()}\n{proc.read_log()[-4000:]}") from None
         assert code == 0, proc.read_log()[-4000:]
         return proc
-
-    def until(self, predicate: Callable[[], T], timeout_s: float, what: str,
-              interval_s: float = 0.05) -> T:
-        try:
-            return wait_until(predicate, timeout_s, interval_s)
-        except AssertionError:
-            raise AssertionError(f"{what} (within {timeout_s}s)\n{self.stats()}\n"
-                                 f"{self.logs()}") from None
-
-    def logs(self, lines: int = 30) -> str:
-        out = []
-        for p in self.procs:
-            tail = "\n".join(p.read_log().splitlines()[-lines:])
-            out.append(f"--- pid {p.pid} (exit {p.poll()}) ---\n{tail}")
-        return "\n".join(out)
-
-    def cleanup(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                self.children(p)
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.pid, signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    p.wait(5)
-        for pid in self.seen:  # children that outlived their supervisor
-            if alive(pid) and _is_ours(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        self.app.close()
 
     # what happened
 
@@ -197,9 +91,6 @@ class Fleet:
             return True
 
         self.until(done, timeout_s, "queues settled", interval_s=0.1)
-
-    def stats(self, queue: str = "default") -> batchq.QueueStats:
-        return self.app.queue(queue).stats()
 
     def check(self, enqueued: Iterable[str], queues: Sequence[str] = ("default",),
               **kw: Any) -> checker.Report:
@@ -231,13 +122,6 @@ class Fleet:
 
     def leftovers(self, queues: Sequence[str] = ("default",), **kw: Any) -> list[str]:
         return checker.leftovers(self.r, self.ns, queues, **kw)
-
-
-def _is_ours(pid: int) -> bool:
-    try:
-        return APP in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return False
 
 
 def build_app(url: str, ns: str, **kw: Any) -> batchq.App:

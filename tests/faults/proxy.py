@@ -1,7 +1,8 @@
 """A small asyncio TCP proxy for fault injection on loopback.
 
-The proxy runs its own event loop in a daemon thread; every control method is called
-from the test's thread and is safe to call at any time.
+The proxy runs its own event loop in a daemon thread (the shared
+:class:`tcpproxy.ThreadedProxy`); every control method is called from the test's thread
+and is safe to call at any time.
 
 * pass-through (the default): bytes flow both ways unchanged;
 * :meth:`Proxy.pause`: stop forwarding and hold the bytes (TCP back-pressure); they are
@@ -26,9 +27,9 @@ import itertools
 import socket
 import struct
 import threading
-from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+
+from tcpproxy import ThreadedProxy
 
 _LINGER_RST = struct.pack("ii", 1, 0)
 
@@ -59,19 +60,15 @@ class _Conn:
     closed: bool = False
 
 
-class Proxy:
+class Proxy(ThreadedProxy):
     """``Proxy(upstream_port)``, then ``start()``; ``url`` is the address to use."""
+
+    thread_name = "fault-proxy"
 
     def __init__(self, upstream_port: int, upstream_host: str = "127.0.0.1",
                  host: str = "127.0.0.1", port: int = 0, db: int = 0) -> None:
-        self.upstream = (upstream_host, upstream_port)
+        super().__init__(upstream_port, upstream_host, host=host, port=port)
         self.db = db
-        self.host = host
-        self._want_port = port
-        self.port = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._server: asyncio.Server | None = None
         self._conns: dict[int, _Conn] = {}
         self._ids = itertools.count(1)
         self._blackhole = False
@@ -84,62 +81,13 @@ class Proxy:
 
     # --- lifecycle ---------------------------------------------------------------------
 
-    def start(self) -> Proxy:
-        ready = threading.Event()
-        errors: list[BaseException] = []
-
-        def main() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            try:
-                loop.run_until_complete(self._listen())
-            except BaseException as exc:  # pragma: no cover - reported to start()
-                errors.append(exc)
-                ready.set()
-                return
-            ready.set()
-            try:
-                loop.run_forever()
-            finally:
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.close()
-
-        self._thread = threading.Thread(target=main, name="fault-proxy", daemon=True)
-        self._thread.start()
-        ready.wait(10)
-        if errors:
-            raise errors[0]
-        return self
-
-    async def _listen(self) -> None:
+    async def _setup(self) -> None:
         self._resume = asyncio.Event()
         self._resume.set()
-        self._server = await asyncio.start_server(self._accept, self.host, self._want_port)
-        self.port = self._server.sockets[0].getsockname()[1]
 
-    def stop(self) -> None:
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return
-
-        async def close() -> None:
-            if self._server is not None:
-                self._server.close()
-            for c in list(self._conns.values()):
-                self._reset(c)
-
-        with contextlib.suppress(Exception):
-            self._call(close())
-        loop.call_soon_threadsafe(loop.stop)
-        if self._thread is not None:
-            self._thread.join(5)
-        self._loop = None
-
-    def __enter__(self) -> Proxy:
-        return self.start() if self._loop is None else self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    async def _close_connections(self) -> None:
+        for c in list(self._conns.values()):
+            self._reset(c)
 
     @property
     def url(self) -> str:
@@ -148,10 +96,6 @@ class Proxy:
     @property
     def connections(self) -> int:
         return len(self._conns)
-
-    def _call(self, coro: Coroutine[Any, Any, Any], timeout_s: float = 10.0) -> Any:
-        assert self._loop is not None, "proxy not started"
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
 
     # --- faults ------------------------------------------------------------------------
 
@@ -208,10 +152,10 @@ class Proxy:
 
     # --- plumbing ----------------------------------------------------------------------
 
-    async def _accept(self, client_r: asyncio.StreamReader,
+    async def _handle(self, client_r: asyncio.StreamReader,
                       client_w: asyncio.StreamWriter) -> None:
         try:
-            server_r, server_w = await asyncio.open_connection(*self.upstream)
+            server_r, server_w = await self._open_upstream()
         except OSError:
             _abort(client_w)
             return

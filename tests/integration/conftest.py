@@ -6,22 +6,22 @@ handler appends a line to a per-test log file (outside Redis), read back with ``
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 import redis
 from apps.basic import build
-from helpers import CliProcess, start_cli, wait_until
+from helpers import CliProcess
+from workers import WorkerProcs
+from workers import worker_env as worker_env_of
 
 import batchq
 
 from ._support import Run, read_runs
 
 HERE = Path(__file__).resolve().parent
+APP_REF = "apps.basic:app"
 
 
 @pytest.fixture
@@ -41,14 +41,11 @@ def runs(log_path: Path) -> Callable[..., list[Run]]:
 
 @pytest.fixture
 def worker_env(redis_url: str, namespace: str, log_path: Path) -> dict[str, str | None]:
-    # the CLI reads BATCHQ_<FLAG>: do not let the caller's environment leak in
-    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("BATCHQ_")}
-    env.update({
+    return worker_env_of({
         "BATCHQ_REDIS_URL": redis_url,
         "BATCHQ_TEST_NS": namespace,
         "BATCHQ_TEST_LOG": str(log_path),
     })
-    return env
 
 
 @pytest.fixture
@@ -69,23 +66,14 @@ WorkerFactory = Callable[..., CliProcess]
 @pytest.fixture
 def start_worker(worker_env: dict[str, str | None]) -> Iterator[WorkerFactory]:
     """``start_worker(queues, *extra_args, wait_ready=True, env=None)``: a worker
-    process of apps.basic:app; any still running at teardown is SIGKILLed."""
-    procs: list[CliProcess] = []
+    process of apps.basic:app (``wait_ready``: wait until it serves; a ``--burst`` worker
+    may have finished by then); any still running at teardown is SIGKILLed."""
+    with WorkerProcs(APP_REF, worker_env) as procs:
 
-    def start(queues: str | Sequence[str], *extra: str, wait_ready: bool = True,
-              env: dict[str, str | None] | None = None) -> CliProcess:
-        qs = queues if isinstance(queues, str) else ",".join(queues)
-        proc = start_cli(["worker", "apps.basic:app", "-q", qs, *extra],
-                         env={**worker_env, **(env or {})})
-        procs.append(proc)
-        if wait_ready:
-            wait_until(lambda: "serving" in proc.read_log() or proc.poll() is not None,
-                       timeout_s=20, message="worker did not start")
-            assert proc.poll() is None or "--burst" in extra, proc.read_log()
-        return proc
+        def start(queues: str | Sequence[str], *extra: str, wait_ready: bool = True,
+                  env: dict[str, str | None] | None = None) -> CliProcess:
+            qs = queues if isinstance(queues, str) else ",".join(queues)
+            return procs.start("-q", qs, *extra, env=env, serving=int(wait_ready),
+                               timeout_s=20)
 
-    yield start
-    for p in procs:
-        if p.poll() is None:
-            with contextlib.suppress(Exception):
-                p.stop(signal.SIGKILL, timeout_s=5)
+        yield start

@@ -5,9 +5,6 @@ batchq needs, self-signed certificates (``openssl`` CLI) and a TLS-terminating p
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from urllib.parse import quote
@@ -15,9 +12,10 @@ from uuid import uuid4
 
 import pytest
 import redis
-from helpers import CliProcess, start_cli, wait_until
+from helpers import CliProcess
+from workers import WorkerProcs, worker_env
 
-from batchq.embedded import EmbeddedServer
+from batchq.dev.server import EmbeddedServer
 
 from .acl import acl_setuser_args
 from .tlsproxy import Certs, TLSProxy, make_certs
@@ -114,9 +112,7 @@ def mtls_proxy(plain_server: EmbeddedServer, certs: Certs) -> Iterator[TLSProxy]
 
 def clean_env(**values: str) -> dict[str, str | None]:
     """The CLI's environment: ``values`` set, every other ``BATCHQ_*`` variable unset."""
-    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("BATCHQ_")}
-    env.update(values)
-    return env
+    return worker_env(values)
 
 
 WorkerFactory = Callable[..., CliProcess]
@@ -127,20 +123,9 @@ def start_worker() -> Iterator[WorkerFactory]:
     """``start_worker(env, *args, serving=1)``: ``batchq worker security.sec_app:app
     *args``; waits until ``serving`` processes serve (``serving=0``: does not wait).
     Any still running at teardown is SIGKILLed."""
-    procs: list[CliProcess] = []
+    with WorkerProcs(APP_REF) as procs:
 
-    def start(env: dict[str, str | None], *args: str, serving: int = 1) -> CliProcess:
-        proc = start_cli(["worker", APP_REF, *args], env=env)
-        procs.append(proc)
-        if serving:
-            wait_until(lambda: proc.read_log().count(" serving ") >= serving
-                       or proc.poll() is not None, timeout_s=30,
-                       message="worker did not start")
-            assert proc.poll() is None, proc.read_log()
-        return proc
+        def start(env: dict[str, str | None], *args: str, serving: int = 1) -> CliProcess:
+            return procs.start(*args, env=env, serving=serving)
 
-    yield start
-    for p in procs:
-        if p.poll() is None:
-            with contextlib.suppress(Exception):
-                p.stop(signal.SIGKILL, timeout_s=5)
+        yield start

@@ -1,6 +1,7 @@
 """TLS helpers for tests: self-signed certificates made with the ``openssl`` CLI, and a
 TLS-terminating TCP proxy (TLS on a free loopback port, plain TCP to a local server: the
-embedded Valkey has no TLS) running its own asyncio loop in a thread."""
+embedded Valkey has no TLS) running its own asyncio loop in a thread (the shared
+:class:`tcpproxy.ThreadedProxy`)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import asyncio
 import contextlib
 import ssl
 import subprocess
-import threading
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
+
+from tcpproxy import ThreadedProxy
 
 OPENSSL = "/usr/bin/openssl"
 
@@ -66,62 +67,36 @@ def make_certs(d: Path) -> Certs:
                  d / "client.key", d / "other.pem")
 
 
-class TLSProxy:
+class TLSProxy(ThreadedProxy):
     """``TLSProxy(target_port, certfile, keyfile, client_ca=None)``: clients connect with
     TLS to ``127.0.0.1:port``; each connection is piped to ``127.0.0.1:target_port``.
     With ``client_ca`` the proxy requires a client certificate signed by it."""
 
+    thread_name = "tls-proxy"
+
     def __init__(self, target_port: int, certfile: Path, keyfile: Path, *,
                  client_ca: Path | None = None, host: str = "127.0.0.1") -> None:
-        self.target_port = target_port
-        self.host = host
-        self.port = 0
-        self.handshake_failures = 0
-        self._ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self._ctx.load_cert_chain(str(certfile), str(keyfile))
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(str(certfile), str(keyfile))
         if client_ca is not None:
-            self._ctx.verify_mode = ssl.CERT_REQUIRED
-            self._ctx.load_verify_locations(str(client_ca))
-        self._loop = asyncio.new_event_loop()
-        self._thread: threading.Thread | None = None
-        self._server: asyncio.Server | None = None
+            ctx.verify_mode = ssl.CERT_REQUIRED
+            ctx.load_verify_locations(str(client_ca))
+        super().__init__(target_port, host, host=host, ssl_context=ctx)
+        self.target_port = target_port
+        self.handshake_failures = 0
         self._conns: set[asyncio.Task[None]] = set()
-
-    def start(self) -> TLSProxy:
-        ready = threading.Event()
-        errors: list[BaseException] = []
-
-        def run() -> None:
-            asyncio.set_event_loop(self._loop)
-            self._loop.set_exception_handler(self._on_loop_error)
-            try:
-                self._server = self._loop.run_until_complete(asyncio.start_server(
-                    self._serve, self.host, 0, ssl=self._ctx, ssl_handshake_timeout=5))
-                self.port = self._server.sockets[0].getsockname()[1]
-            except BaseException as exc:
-                errors.append(exc)
-                ready.set()
-                return
-            ready.set()
-            self._loop.run_forever()
-
-        self._thread = threading.Thread(target=run, name="tls-proxy", daemon=True)
-        self._thread.start()
-        ready.wait(10)
-        if errors:
-            raise errors[0]
-        return self
 
     def _on_loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         # failed handshakes (a client trusting another CA) are expected here
         self.handshake_failures += 1
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _handle(self, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._conns.add(task)
         try:
-            up_r, up_w = await asyncio.open_connection(self.host, self.target_port)
+            up_r, up_w = await self._open_upstream()
         except OSError:
             writer.close()
             self._conns.discard(task)
@@ -134,30 +109,10 @@ class TLSProxy:
                     w.close()
             self._conns.discard(task)
 
-    def stop(self) -> None:
-        if self._thread is None:
-            return
-
-        async def shutdown() -> None:
-            if self._server is not None:
-                self._server.close()
-            for t in list(self._conns):
-                t.cancel()
-            await asyncio.gather(*self._conns, return_exceptions=True)
-
-        with contextlib.suppress(RuntimeError):
-            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._thread = None
-        self._loop.close()
-
-    def __enter__(self) -> TLSProxy:
-        return self.start()
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
+    async def _close_connections(self) -> None:
+        for t in list(self._conns):
+            t.cancel()
+        await asyncio.gather(*self._conns, return_exceptions=True)
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
