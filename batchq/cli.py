@@ -250,7 +250,7 @@ def _clean_metrics_dir(path: str, *, remove: bool) -> None:
 
 
 def cmd_server(args: argparse.Namespace) -> int:
-    from .embedded import serve_forever
+    from .dev.server import serve_forever
 
     return serve_forever(port=args.port, host=args.host)
 
