@@ -9,7 +9,7 @@ from batchq.keys import QueueKeys
 from batchq.periodic import periodic_key
 from batchq.scripts import SyncScript
 
-from ._lua import entry, enqueued, server_ms
+from ._lua import enqueued, entry, server_ms
 
 GRACE_MS = 15_000
 
