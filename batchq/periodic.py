@@ -4,7 +4,7 @@ The decorator registers the function as an ordinary task (same options as
 ``app.task``) plus a ``Schedule``. Every worker process runs ``run_scheduler``; exactly
 one of them at a time is the *leader* and enqueues the ticks:
 
-- **Leader election** uses a ``batchq.lock.Lock`` named ``batchq.periodic`` with a lease
+- **Leader election** uses a ``batchq.lock.Lock`` (``leader_lock_name``) with a lease
   of ``LEASE_S`` seconds. The leader renews it every lease/3 with a compare-token extend
   (never a blind PEXPIRE), and steps down the moment an extend finds the lock gone. A
   follower tries once per lease/3 (one command), or right after the holder's lease runs
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import math
 import os
@@ -62,7 +63,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 LEADER_LOCK = "batchq.periodic"
-"""Name of the lock the schedulers elect their leader with (one per namespace)."""
+"""Prefix of the lock the schedulers elect their leader with (see ``leader_lock_name``)."""
 
 LEASE_S = 5.0
 """The leader's lease: another process takes over at most this long after it died."""
@@ -176,6 +177,17 @@ def schedules(app: App) -> list[Schedule]:
     return list(_SCHEDULES.get(app, {}).values())
 
 
+def leader_lock_name(app: App) -> str:
+    """The leader lock of this app's set of periodic tasks: ``batchq.periodic.<digest>``
+    of their (queue, name) pairs. Two apps that share a namespace but schedule different
+    tasks elect a leader each (one would otherwise lead and run only its own tasks).
+    Versions of one app whose sets differ (a rolling deploy that adds a task) may both
+    lead for a while: the per-tick guard keeps every tick once even then."""
+    pairs = sorted(f"{s.queue}\x00{s.name}" for s in schedules(app))
+    digest = hashlib.sha1("\x01".join(pairs).encode(), usedforsecurity=False).hexdigest()
+    return f"{LEADER_LOCK}.{digest[:12]}"
+
+
 # --- the scheduler --------------------------------------------------------------------
 
 
@@ -193,7 +205,7 @@ class Scheduler:
         self.app = app
         self.lease_s = lease_s
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}".replace("/", "_")
-        self.lock = Lock(app, LEADER_LOCK, ttl_s=lease_s, owner=self.owner)
+        self.lock = Lock(app, leader_lock_name(app), ttl_s=lease_s, owner=self.owner)
         self.enqueued = 0
         """Ticks this process enqueued (for logs and tests)."""
         self._done: dict[str, int] = {}  # task -> latest tick the script answered for
@@ -209,6 +221,9 @@ class Scheduler:
         scheds = schedules(self.app)
         if not scheds:
             return  # nothing to schedule: not even a lock attempt
+        # the tasks registered by now (the app is imported before the worker starts)
+        self.lock = Lock(self.app, leader_lock_name(self.app), ttl_s=self.lease_s,
+                         owner=self.owner)
         backoff_s = 0.1
         try:
             while not stop.is_set():
@@ -266,7 +281,7 @@ class Scheduler:
                 self._done[s.name] = due
                 if code == 1:
                     self.enqueued += 1
-                    log.info("periodic %s: enqueued the tick of %s", s.name,
+                    log.debug("periodic %s: enqueued the tick of %s", s.name,
                              _fmt_ms(due))
                 elif code == 2:
                     log.warning("periodic %s: missed the tick of %s (more than %gs late); "
@@ -323,7 +338,7 @@ def periodic_status(app: App) -> list[dict[str, Any]]:
     if not scheds:
         return []
     r = app.redis
-    leader = token_owner(holder(app, LEADER_LOCK))
+    leader = token_owner(holder(app, leader_lock_name(app)))
     out: list[dict[str, Any]] = []
     for s in scheds:
         tick, run, nxt = r.hmget(periodic_key(app.keys(s.queue)),

@@ -23,7 +23,9 @@ from helpers import REPO_ROOT, cli_env, wait_until
 import batchq
 from batchq import codec
 from batchq.lock import holder, lock_keys, token_owner
-from batchq.periodic import LEADER_LOCK, Scheduler, periodic_key, schedules
+from batchq.periodic import Scheduler, leader_lock_name, periodic_key, schedules
+
+from .periodic_child import build
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -52,7 +54,7 @@ def server_ms(r: redis.Redis) -> int:
 
 
 def leader_pid(app: batchq.App) -> int | None:
-    owner = token_owner(holder(app, LEADER_LOCK))
+    owner = token_owner(holder(app, leader_lock_name(app)))
     return None if owner is None else int(owner.rsplit(":", 1)[1])
 
 
@@ -92,8 +94,9 @@ def schedulers(redis_url: str, namespace: str, queue_name: str
 
 
 def test_each_tick_once_across_processes_with_a_paused_and_a_killed_leader(
-        app, queue_name, schedulers):
+        app, redis_url, queue_name, schedulers):
     procs = schedulers(3)
+    probe = build(redis_url, app.namespace, queue_name)  # the children's tasks: their lock
     pids = {p.pid for p in procs}
     by_pid = {p.pid: p for p in procs}
     r = app.redis
@@ -103,14 +106,14 @@ def test_each_tick_once_across_processes_with_a_paused_and_a_killed_leader(
                    message=f"fewer than {n} ticks")
 
     wait_ticks(3)
-    first = wait_until(lambda: leader_pid(app), timeout_s=5)
+    first = wait_until(lambda: leader_pid(probe), timeout_s=5)
     assert first in pids
 
     # 1. the leader is paused past its lease (a GC pause, a frozen VM): another leads,
     #    and the old one, woken, steps down instead of enqueueing its stale ticks
     os.kill(first, signal.SIGSTOP)
     t0 = server_ms(r)
-    second = wait_until(lambda: (pid := leader_pid(app)) not in (None, first) and pid,
+    second = wait_until(lambda: (pid := leader_pid(probe)) not in (None, first) and pid,
                         timeout_s=10)
     took_ms = server_ms(r) - t0
     assert second in pids
@@ -119,13 +122,13 @@ def test_each_tick_once_across_processes_with_a_paused_and_a_killed_leader(
     wait_ticks(n + 2)
     os.kill(first, signal.SIGCONT)
     wait_ticks(n + 4)
-    assert leader_pid(app) == second
+    assert leader_pid(probe) == second
 
     # 2. the leader is SIGKILLed: the lock is not released, its lease runs out
     by_pid[second].kill()
     by_pid[second].wait(10)
     t0 = server_ms(r)
-    third = wait_until(lambda: (pid := leader_pid(app)) not in (None, second) and pid,
+    third = wait_until(lambda: (pid := leader_pid(probe)) not in (None, second) and pid,
                        timeout_s=10)
     took_ms = server_ms(r) - t0
     assert third in pids - {second}
@@ -139,7 +142,8 @@ def test_each_tick_once_across_processes_with_a_paused_and_a_killed_leader(
             p.send_signal(signal.SIGTERM)
     for p in procs:
         p.wait(10)
-    assert holder(app, LEADER_LOCK) is None
+    assert holder(probe, leader_lock_name(probe)) is None
+    probe.close()
 
     # no tick twice; a gap only where a leader was gone, never longer than the takeover
     assert_once_each(ticks(app, queue_name), max_gap_ms=round((LEASE_S + 2.0) * 1000))
@@ -283,5 +287,30 @@ def test_an_app_without_periodic_tasks_does_nothing(app):
         await asyncio.wait_for(batchq.run_scheduler(app, asyncio.Event()), 1.0)
 
     asyncio.run(main())
-    assert app.redis.exists(lock_keys(app.namespace, LEADER_LOCK).token) == 0
+    assert app.redis.exists(lock_keys(app.namespace, leader_lock_name(app)).token) == 0
     assert batchq.periodic_status(app) == []
+
+
+def test_two_apps_in_one_namespace_with_different_tasks_both_run(app, redis_url, queue_name):
+    other = batchq.App(redis_url, app.namespace)
+
+    @app.periodic(every_s=1, queue=queue_name)
+    def mine() -> None: ...
+
+    @other.periodic(every_s=1, queue=queue_name)
+    def theirs() -> None: ...
+
+    assert leader_lock_name(app) != leader_lock_name(other)
+
+    def both_ran() -> bool:
+        raw = app.redis.lrange(app.keys(queue_name).ready_for(0), 0, -1)
+        return {codec.decode_entry(e, queue_name).task for e in raw} == {"mine", "theirs"}
+
+    try:
+        run_for(app, both_ran, Scheduler(app, lease_s=LEASE_S),
+                Scheduler(other, lease_s=LEASE_S))
+    finally:
+        other.close()
+    # each app's status names its own leader lock; both were released on stop
+    assert batchq.periodic_status(other)[0]["last_run_s"] is not None
+    assert batchq.periodic_status(app)[0]["leader"] is None
