@@ -50,7 +50,7 @@ from redis.exceptions import RedisClusterException
 
 from . import producer
 from .errors import LockLost
-from .keys import QueueKeys
+from .keys import QueueKeys, queues_key
 from .lock import Lock, holder, token_owner
 from .scripts import AsyncScript
 
@@ -306,7 +306,8 @@ class Scheduler:
         k = plan.keys
         res = await self._tick_script(
             [periodic_key(k), plan.target, k.wake, k.stats],
-            [s.name, due, nxt, round(s.grace_s * 1000), "1" if s.catch_up else "0", entry])
+            [s.name, due, nxt, round(s.grace_s * 1000), "1" if s.catch_up else "0", entry,
+             s.text, self.lock.name])
         return int(res[0]), int(res[1])
 
 
@@ -333,26 +334,51 @@ def periodic_status(app: App) -> list[dict[str, Any]]:
     ``last_run_s`` (server time its last tick was enqueued, or ``None``), ``last_tick_s``,
     ``next_run_s`` (as recorded by the leader; ``None`` before any scheduler ran; in the
     past when none runs now) and ``leader`` (``host:pid`` of the leading process, or
-    ``None`` when no scheduler leads). Times are Unix seconds."""
-    scheds = schedules(app)
-    if not scheds:
-        return []
+    ``None`` when no scheduler leads). Times are Unix seconds.
+
+    The tasks are the app's periodic tasks. An app without any (``batchq info`` run
+    without an app) gets every schedule recorded in the queues of its namespace instead,
+    from what the leaders wrote; a task removed from the code stays listed there (with
+    a ``next_run_s`` in the past) until its fields are deleted from ``T:periodic``."""
     r = app.redis
-    leader = token_owner(holder(app, leader_lock_name(app)))
+    scheds = schedules(app)
+    if scheds:
+        wanted = [(s.queue, s.name, s.text) for s in scheds]
+    else:
+        wanted = []
+        queues = sorted(_text(q) for q in r.smembers(queues_key(app.namespace)))
+        for q in queues:
+            try:
+                k = app.keys(q)
+            except ValueError:
+                continue
+            fields = r.hgetall(periodic_key(k))
+            names = sorted({_text(f).rsplit(":", 1)[0] for f in fields})
+            wanted += [(q, n, _text(fields.get(f"{n}:schedule".encode(), b"?")))
+                       for n in names]
+    leaders: dict[str, str | None] = {}
     out: list[dict[str, Any]] = []
-    for s in scheds:
-        tick, run, nxt = r.hmget(periodic_key(app.keys(s.queue)),
-                                 [f"{s.name}:tick", f"{s.name}:run", f"{s.name}:next"])
+    for queue, name, text in wanted:
+        tick, run, nxt, lock_name = r.hmget(
+            periodic_key(app.keys(queue)),
+            [f"{name}:tick", f"{name}:run", f"{name}:next", f"{name}:lock"])
+        lock_name = leader_lock_name(app) if scheds else _text(lock_name or b"")
+        if lock_name not in leaders:
+            leaders[lock_name] = token_owner(holder(app, lock_name)) if lock_name else None
         out.append({
-            "name": s.name,
-            "queue": s.queue,
-            "schedule": s.text,
+            "name": name,
+            "queue": queue,
+            "schedule": text,
             "last_run_s": _seconds(run),
             "last_tick_s": _seconds(tick),
             "next_run_s": _seconds(nxt),
-            "leader": leader,
+            "leader": leaders[lock_name],
         })
     return out
+
+
+def _text(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
 
 
 def _seconds(raw: Any) -> float | None:

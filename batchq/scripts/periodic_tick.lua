@@ -6,7 +6,9 @@
 -- enqueued is never run (ticks only move forward).
 --
 -- KEYS[1]  the queue's periodic hash: "<task>:tick" last enqueued tick (ms),
---          "<task>:run" server time it was enqueued (ms), "<task>:next" next tick (ms)
+--          "<task>:run" server time it was enqueued (ms), "<task>:next" next tick (ms),
+--          "<task>:schedule" the schedule as text, "<task>:lock" its leader lock's name
+--          (so `batchq info` can show them without the app)
 -- KEYS[2]  ready list of the task's priority
 -- KEYS[3]  wake list of the queue
 -- KEYS[4]  stats hash (field "enqueued")
@@ -17,6 +19,8 @@
 -- ARGV[5]  "1" (catch_up): a tick found later than the grace still runs once, if the
 --          schedule ran before; "0": it is skipped
 -- ARGV[6]  the encoded job entry
+-- ARGV[7]  the schedule as text
+-- ARGV[8]  the name of the leader lock of the caller's app
 -- Returns  {1, now}      enqueued
 --          {0, last}     this tick (or a later one) was already enqueued
 --          {2, now}      skipped: missed by more than the grace (downtime)
@@ -36,12 +40,14 @@ if last and tonumber(last) >= tick then
   return {0, tonumber(last)}
 end
 if now - tick > tonumber(ARGV[4]) and not (ARGV[5] == '1' and last) then
-  redis.call('HSET', stateKey, name .. ':next', ARGV[3])
+  redis.call('HSET', stateKey, name .. ':next', ARGV[3], name .. ':schedule', ARGV[7],
+             name .. ':lock', ARGV[8])
   return {2, now}
 end
 -- the job first: a full Redis refuses it before anything else is written
 redis.call('RPUSH', readyKey, ARGV[6])
-redis.call('HSET', stateKey, name .. ':tick', tick, name .. ':run', now, name .. ':next', ARGV[3])
+redis.call('HSET', stateKey, name .. ':tick', tick, name .. ':run', now, name .. ':next', ARGV[3],
+           name .. ':schedule', ARGV[7], name .. ':lock', ARGV[8])
 redis.call('HINCRBY', statsKey, 'enqueued', 1)
 wake(wakeKey)
 return {1, now}

@@ -278,6 +278,21 @@ def test_status_names_the_leader_and_the_runs(app, queue_name):
     assert app.redis.llen(app.keys(queue_name).ready_for(5)) >= 1  # the task's priority
     assert batchq.periodic_status(app)[0]["leader"] is None  # released on stop
 
+    # without the app's tasks (`batchq info` run without an app): read from Redis
+    bare = batchq.App(app.redis_url, app.namespace)
+    try:
+        assert batchq.periodic_status(bare) == [{**batchq.periodic_status(app)[0]}]
+        mid_run: dict[str, object] = {}
+
+        def leading() -> bool:
+            mid_run.update(batchq.periodic_status(bare)[0])
+            return mid_run["leader"] is not None
+
+        run_for(app, leading, Scheduler(app, lease_s=LEASE_S, owner="host-b:7"))
+        assert mid_run["leader"] == "host-b:7" and mid_run["schedule"] == "every 1s"
+    finally:
+        bare.close()
+
 
 def test_an_app_without_periodic_tasks_does_nothing(app):
     @app.task

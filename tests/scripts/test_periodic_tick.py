@@ -18,14 +18,15 @@ def tick(r: redis.Redis, k: QueueKeys, t: int, nxt: int, *, grace: int = GRACE_M
          catch_up: bool = False, e: bytes | None = None, name: str = "sweep") -> list[int]:
     res = SyncScript("periodic_tick", r)(
         [periodic_key(k), k.ready_for(0), k.wake, k.stats],
-        [name, t, nxt, grace, "1" if catch_up else "0", e or entry(f"j{t}", task=name)])
+        [name, t, nxt, grace, "1" if catch_up else "0", e or entry(f"j{t}", task=name),
+         "every 1s", "batchq.periodic.abc"])
     return [int(x) for x in res]
 
 
-def state(r: redis.Redis, k: QueueKeys, name: str = "sweep") -> dict[str, int]:
+def state(r: redis.Redis, k: QueueKeys, name: str = "sweep") -> dict[str, int | str]:
     raw = r.hgetall(periodic_key(k))
-    return {f.decode().split(":")[1]: int(v) for f, v in raw.items()
-            if f.decode().startswith(name + ":")}
+    return {f.decode().split(":")[1]: int(v) if v.isdigit() else v.decode()
+            for f, v in raw.items() if f.decode().startswith(name + ":")}
 
 
 def test_a_tick_is_enqueued_once_and_recorded(redis_client, k):
@@ -36,7 +37,8 @@ def test_a_tick_is_enqueued_once_and_recorded(redis_client, k):
     assert redis_client.lrange(k.ready_for(0), 0, -1) == [entry(f"j{t}", task="sweep")]
     assert redis_client.llen(k.wake) == 1
     assert enqueued(redis_client, k) == 1
-    assert state(redis_client, k) == {"tick": t, "run": at, "next": t + 1000}
+    assert state(redis_client, k) == {"tick": t, "run": at, "next": t + 1000,
+                                      "schedule": "every 1s", "lock": "batchq.periodic.abc"}
 
     # a second scheduler with the same tick (another job id): refused
     assert tick(redis_client, k, t, t + 1000, e=entry("other", task="sweep")) == [0, t]
@@ -72,7 +74,8 @@ def test_a_missed_tick_is_skipped_without_catch_up(redis_client, k):
     code, _ = tick(redis_client, k, now - 60_000, now + 60_000)
     assert code == 2
     assert redis_client.llen(k.ready_for(0)) == 0
-    assert state(redis_client, k) == {"tick": now - 3_600_000, "next": now + 60_000}
+    assert state(redis_client, k) == {"tick": now - 3_600_000, "next": now + 60_000,
+                                      "schedule": "every 1s", "lock": "batchq.periodic.abc"}
 
 
 def test_a_missed_tick_runs_once_with_catch_up(redis_client, k):
