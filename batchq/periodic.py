@@ -377,6 +377,29 @@ def periodic_status(app: App) -> list[dict[str, Any]]:
     return out
 
 
+def periodic_metrics(app: App) -> list[Any]:
+    """Prometheus metric families from ``periodic_status`` (yield them from a collector
+    at scrape time): ``batchq_periodic_last_run_timestamp_seconds`` and
+    ``batchq_periodic_next_run_timestamp_seconds``, labelled ``task`` and ``queue``; a
+    task that never ran (or was never scheduled) has no sample. Alert on
+    ``time() - last_run`` above the period, or ``time() > next_run + lease``."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    last = GaugeMetricFamily("batchq_periodic_last_run_timestamp_seconds",
+                             "When the periodic task's last tick was enqueued (Unix time)",
+                             labels=["task", "queue"])
+    nxt = GaugeMetricFamily("batchq_periodic_next_run_timestamp_seconds",
+                            "The periodic task's next tick as recorded by the scheduler "
+                            "(Unix time); in the past when no scheduler runs",
+                            labels=["task", "queue"])
+    for st in periodic_status(app):
+        if st["last_run_s"] is not None:
+            last.add_metric([st["name"], st["queue"]], st["last_run_s"])
+        if st["next_run_s"] is not None:
+            nxt.add_metric([st["name"], st["queue"]], st["next_run_s"])
+    return [last, nxt]
+
+
 def _text(raw: bytes | str) -> str:
     return raw.decode() if isinstance(raw, bytes) else raw
 

@@ -23,7 +23,13 @@ from helpers import REPO_ROOT, cli_env, wait_until
 import batchq
 from batchq import codec
 from batchq.lock import holder, lock_keys, token_owner
-from batchq.periodic import Scheduler, leader_lock_name, periodic_key, schedules
+from batchq.periodic import (
+    Scheduler,
+    leader_lock_name,
+    periodic_key,
+    periodic_metrics,
+    schedules,
+)
 
 from .periodic_child import build
 
@@ -276,6 +282,14 @@ def test_status_names_the_leader_and_the_runs(app, queue_name):
     assert before - 1 <= st["last_tick_s"] <= st["last_run_s"] < st["next_run_s"]
     assert st["next_run_s"] == st["last_tick_s"] + 1
     assert app.redis.llen(app.keys(queue_name).ready_for(5)) >= 1  # the task's priority
+
+    final = batchq.periodic_status(app)[0]
+    last, nxt = periodic_metrics(app)
+    assert last.name == "batchq_periodic_last_run_timestamp_seconds"
+    assert [(m.labels, m.value) for m in last.samples] == [
+        ({"task": "beat", "queue": queue_name}, final["last_run_s"])]
+    assert [(m.labels, m.value) for m in nxt.samples] == [
+        ({"task": "beat", "queue": queue_name}, final["next_run_s"])]
     assert batchq.periodic_status(app)[0]["leader"] is None  # released on stop
 
     # without the app's tasks (`batchq info` run without an app): read from Redis
