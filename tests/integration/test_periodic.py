@@ -343,3 +343,40 @@ def test_two_apps_in_one_namespace_with_different_tasks_both_run(app, redis_url,
     # each app's status names its own leader lock; both were released on stop
     assert batchq.periodic_status(other)[0]["last_run_s"] is not None
     assert batchq.periodic_status(app)[0]["leader"] is None
+
+
+def evalsha_calls(r: redis.Redis) -> int:
+    """EVALSHA round trips the server has served (a follower's only command)."""
+    stats = r.info("commandstats").get("cmdstat_evalsha", {})
+    return int(stats.get("calls", 0)) + int(stats.get("rejected_calls", 0))
+
+
+def test_a_follower_sends_one_command_per_third_of_a_lease(app, redis_url, queue_name):
+    sched_app = batchq.App(redis_url, app.namespace)
+
+    @sched_app.periodic(every_s=1, queue=queue_name)
+    def beat() -> None: ...
+
+    # another process leads (and stays: its lease is long)
+    app.redis.set(lock_keys(app.namespace, leader_lock_name(sched_app)).token,
+                  "elsewhere:1/token", px=60_000)
+    before = evalsha_calls(app.redis)
+    t0 = time.monotonic()
+    sent: list[int] = []
+
+    def two_seconds() -> bool:
+        if time.monotonic() - t0 < 2.0:
+            return False
+        sent.append(evalsha_calls(app.redis) - before)
+        return True
+
+    try:
+        run_for(sched_app, two_seconds, Scheduler(sched_app, lease_s=LEASE_S))
+    finally:
+        sched_app.close()
+    # 2 s / (1.5 s / 3) = 4 tries (+1 at the start, +1 if it met NOSCRIPT first); a
+    # scheduler that polled would send hundreds
+    assert 2 <= sent[0] <= 6, sent
+    assert ticks(app, queue_name) == []
+    assert app.redis.get(lock_keys(app.namespace, leader_lock_name(sched_app)).token) == \
+        b"elsewhere:1/token"
