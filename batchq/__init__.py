@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from .app import App, Task, TaskCall, TaskConfig
 from .codec import Job
-from .errors import BatchqError, EnqueueError, PayloadTooLarge, Retry
+from .errors import (
+    BatchqError,
+    EnqueueError,
+    LockLost,
+    LockNotAcquired,
+    PayloadTooLarge,
+    Retry,
+)
+from .lock import Lock
+from .periodic import Schedule, periodic_status, run_scheduler
 from .producer import Call, call
 from .queue import DeadJob, Queue, QueueStats
 from .worker import JobFailed, Worker, WorkerSettings, run_worker
@@ -19,10 +28,14 @@ __all__ = [
     "EnqueueError",
     "Job",
     "JobFailed",
+    "Lock",
+    "LockLost",
+    "LockNotAcquired",
     "PayloadTooLarge",
     "Queue",
     "QueueStats",
     "Retry",
+    "Schedule",
     "Task",
     "TaskCall",
     "TaskConfig",
@@ -30,5 +43,7 @@ __all__ = [
     "WorkerSettings",
     "__version__",
     "call",
+    "periodic_status",
+    "run_scheduler",
     "run_worker",
 ]

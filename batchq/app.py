@@ -24,6 +24,7 @@ from . import producer
 from .codec import Job
 from .connection import RedisSettings, redact, resolve_url
 from .keys import MAX_PRIORITY, QueueKeys, queues_key
+from .lock import Lock
 from .producer import EnqueueOptions
 from .scripts import AsyncScripts, SyncScripts
 
@@ -343,3 +344,26 @@ class App:
         pair = self._async.pop(asyncio.get_running_loop(), None)
         if pair is not None:
             await pair[0].aclose()
+
+    # --- locks and periodic jobs (batchq/lock.py, batchq/periodic.py) ------------------
+
+    def lock(self, name: str, *, ttl_s: float = 60.0,
+             blocking_timeout_s: float | None = 0.0) -> Lock:
+        """A named distributed lock: ``with app.lock("nightly-export", ttl_s=60):``
+        (or ``async with``). ``blocking_timeout_s``: 0 tries once, ``None`` waits
+        without limit. See ``batchq.lock.Lock``."""
+        return Lock(self, name, ttl_s=ttl_s, blocking_timeout_s=blocking_timeout_s)
+
+    def periodic(self, *, cron: str | None = None, every_s: float | None = None,
+                 tz: str = "UTC", catch_up: bool = False, grace_s: float | None = None,
+                 **task_options: Any) -> Callable[[Callable[P, R]], Task[P, R]]:
+        """Register a task that runs on a schedule: ``@app.periodic(cron="*/5 * * * *",
+        tz="UTC")`` or ``@app.periodic(every_s=30)``; other options as ``app.task``.
+        See ``batchq.periodic``."""
+        from .periodic import register
+
+        def decorate(fn: Callable[P, R]) -> Task[P, R]:
+            return register(self, fn, cron=cron, every_s=every_s, tz=tz, catch_up=catch_up,
+                            grace_s=grace_s, task_options=task_options)
+
+        return decorate

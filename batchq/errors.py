@@ -40,3 +40,21 @@ class Retry(Exception):
     def __init__(self, delay_s: float | None = None, message: str = "") -> None:
         super().__init__(message or (f"retry requested in {delay_s}s" if delay_s else "retry"))
         self.delay_s = delay_s
+
+
+class LockNotAcquired(BatchqError):
+    """``app.lock(...)`` could not take the lock within ``blocking_timeout_s``: another
+    holder had it. ``name`` is the lock's name."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(message)
+        self.name = name
+
+
+class LockLost(BatchqError):
+    """A lock this process held expired or was taken over before it was released or
+    extended: the protected section did not run under the lock to its end."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(message)
+        self.name = name

@@ -1,0 +1,350 @@
+"""Named distributed locks: ``with app.lock("nightly-export", ttl_s=60): ...``.
+
+The classic Redis lock, with the known traps avoided:
+
+- **Acquire** (``lock_acquire.lua``): ``SET token NX PX ttl`` with a random token, and in
+  the same atomic call ``INCR`` of the lock's fence counter. The result is the fencing
+  token (``lock.fence``): it grows with every acquisition, so a resource that remembers
+  the highest fence it saw can refuse a holder that was paused past its lease.
+- **Release** (``lock_release.lua``): compare-and-delete. The token is kept until the
+  server answered: a release whose connection broke is retried with the same token, so
+  a network error never strands the lock until its TTL.
+- **Extend** (``lock_extend.lua``): compare-and-extend; a lock that expired is never
+  re-created by an extend.
+- Leases are counted by the server (PX, PEXPIRE), never by this process's clock.
+
+Each lock has its own hash tag, ``NS:{NS:lock:<name>}:token`` and ``...:fence``, so both
+keys sit in one Cluster slot. The fence counter never expires (a few bytes per lock
+name) so fencing tokens never go backwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import secrets
+import time
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import redis
+import redis.asyncio
+
+from .errors import LockLost, LockNotAcquired
+from .scripts import AsyncScript, SyncScript
+
+if TYPE_CHECKING:
+    from .app import App
+
+RETRY_DELAYS_S = (0.05, 0.2, 0.5, 1.0, 2.0)
+"""Backoff between tries of a lock call whose connection failed (about 4 s in all)."""
+
+_RETRY_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.TryAgainError,
+                 redis.exceptions.ClusterError, RuntimeError)
+"""A lost connection (uvloop raises RuntimeError on a reset one) or a moving Cluster
+slot: the call may be retried with the same token, every lock script is idempotent for
+its token."""
+
+WAIT_MIN_S = 0.02
+WAIT_MAX_S = 1.0
+"""Bounds of the pause between tries of a blocking acquire (doubling, with jitter, and
+never past the holder's remaining lease)."""
+
+@dataclass(frozen=True, slots=True)
+class LockKeys:
+    """The two keys of one named lock; both share the lock's own hash tag."""
+
+    token: str
+    fence: str
+
+
+def lock_keys(namespace: str, name: str) -> LockKeys:
+    """Key names of lock ``name``; raises ``ValueError`` for a name a key cannot carry."""
+    if not isinstance(name, str) or not name or any(c in name for c in "{} \t\r\n"):
+        raise ValueError(f"invalid lock name {name!r}: use a non-empty name without "
+                         "braces or white space")
+    prefix = f"{namespace}:{{{namespace}:lock:{name}}}"
+    return LockKeys(f"{prefix}:token", f"{prefix}:fence")
+
+
+def _ms(value: float, what: str) -> int:
+    if not isinstance(value, int | float) or not value > 0 or value == float("inf"):
+        raise ValueError(f"{what} must be a positive number of seconds, got {value!r}")
+    return max(1, round(value * 1000))
+
+
+def token_owner(token: bytes | str | None) -> str | None:
+    """The owner label a token was made with (``Lock(owner=...)``), else ``None``."""
+    if token is None:
+        return None
+    text = token.decode() if isinstance(token, bytes) else token
+    owner, sep, _ = text.rpartition("/")
+    return owner if sep else None
+
+
+class Lock:
+    """A named lock of an app, usable with ``with`` and ``async with``.
+
+    ``ttl_s``: the lease; the lock frees itself that long after its last acquire or
+    extend, should this process die or hang. ``blocking_timeout_s``: how long an acquire
+    waits for a holder to let go; ``0`` (the default) tries once and fails at once,
+    ``None`` waits without limit. Waiting retries with a doubling pause (20 ms to 1 s,
+    never past the holder's remaining lease). ``owner``: an optional label stored in
+    front of the random token (shown by tooling, e.g. the periodic scheduler's leader).
+
+    ``acquire`` raises ``LockNotAcquired``; ``extend`` and leaving the block raise
+    ``LockLost`` when the lease ran out (or another holder took it) in between.
+    """
+
+    def __init__(self, app: App, name: str, *, ttl_s: float = 60.0,
+                 blocking_timeout_s: float | None = 0.0, owner: str | None = None) -> None:
+        self.app = app
+        self.name = name
+        self.keys = lock_keys(app.namespace, name)
+        self.ttl_ms = _ms(ttl_s, "ttl_s")
+        if blocking_timeout_s is not None and not (
+                isinstance(blocking_timeout_s, int | float) and blocking_timeout_s >= 0):
+            raise ValueError(
+                f"blocking_timeout_s must be None or >= 0 seconds, got {blocking_timeout_s!r}")
+        self.blocking_timeout_s = blocking_timeout_s
+        if owner is not None and ("/" in owner or not owner):
+            raise ValueError(f"invalid lock owner {owner!r}: non-empty, without '/'")
+        self.owner = owner
+        self.token: str | None = None
+        """The random token while this object holds the lock (kept until a release was
+        confirmed by the server)."""
+        self.fence: int | None = None
+        """The fencing token of the current (or last) acquisition; grows every time."""
+        self._sync: tuple[redis.Redis, dict[str, SyncScript]] | None = None
+        self._async: tuple[redis.asyncio.Redis, dict[str, AsyncScript]] | None = None
+
+    def __repr__(self) -> str:
+        return f"<Lock {self.name!r} held={self.held} fence={self.fence}>"
+
+    @property
+    def held(self) -> bool:
+        """Whether this object believes it holds the lock (the server decides: see
+        ``extend``)."""
+        return self.token is not None
+
+    def _new_token(self) -> str:
+        t = secrets.token_hex(16)
+        return f"{self.owner}/{t}" if self.owner else t
+
+    # --- sync ---------------------------------------------------------------------------
+
+    def _script(self, name: str) -> SyncScript:
+        client = self.app.redis
+        if self._sync is None or self._sync[0] is not client:
+            self._sync = (client, {})
+        scripts = self._sync[1]
+        s = scripts.get(name)
+        if s is None:
+            s = scripts[name] = SyncScript(name, client)
+        return s
+
+    def _call(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        for pause in RETRY_DELAYS_S:
+            try:
+                return self._script(name)(keys, args)
+            except _RETRY_ERRORS:
+                time.sleep(pause)
+        return self._script(name)(keys, args)
+
+    def acquire(self) -> int:
+        """Take the lock, waiting up to ``blocking_timeout_s``; returns the fence."""
+        self._check_not_held()
+        token = self._new_token()
+        deadline = None if self.blocking_timeout_s is None \
+            else time.monotonic() + self.blocking_timeout_s
+        pause = WAIT_MIN_S
+        while True:
+            fence, _, ttl_ms = self._call("lock_acquire", [self.keys.token, self.keys.fence],
+                                          [token, self.ttl_ms])
+            if fence:
+                return self._took(token, int(fence))
+            sleep_s = self._next_pause(pause, int(ttl_ms), deadline)
+            if sleep_s is None:
+                raise self._not_acquired()
+            time.sleep(sleep_s)
+            pause = min(pause * 2, WAIT_MAX_S)
+
+    def release(self) -> None:
+        """Let the lock go. Raises ``LockLost`` when it had expired or changed hands."""
+        token = self._require_held()
+        hit_error = False
+        freed = 0
+        for pause in (*RETRY_DELAYS_S, None):
+            try:
+                freed = self._script("lock_release")([self.keys.token], [token])
+                break
+            except _RETRY_ERRORS:
+                if pause is None:
+                    raise  # the token stays: release() may be called again; else the TTL
+                hit_error = True
+                time.sleep(pause)
+        self._released(freed, hit_error)
+
+    def extend(self, ttl_s: float | None = None) -> None:
+        """Reset the lease to ``ttl_s`` (default: the lock's ``ttl_s``) from now, if this
+        object still holds the lock; raises ``LockLost`` if it does not."""
+        token = self._require_held()
+        ttl_ms = self.ttl_ms if ttl_s is None else _ms(ttl_s, "ttl_s")
+        ok, _ = self._call("lock_extend", [self.keys.token], [token, ttl_ms])
+        self._extended(int(ok))
+
+    def __enter__(self) -> Lock:
+        self.acquire()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc is None:
+            self.release()
+            return
+        try:
+            self.release()
+        except LockLost as lost:  # the body's own error matters more; keep both visible
+            exc.add_note(str(lost))
+
+    # --- asyncio ------------------------------------------------------------------------
+
+    def _ascript(self, name: str) -> AsyncScript:
+        client = self.app.async_redis()
+        if self._async is None or self._async[0] is not client:
+            self._async = (client, {})
+        scripts = self._async[1]
+        s = scripts.get(name)
+        if s is None:
+            s = scripts[name] = AsyncScript(name, client)
+        return s
+
+    async def _acall(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        for pause in RETRY_DELAYS_S:
+            try:
+                return await self._ascript(name)(keys, args)
+            except _RETRY_ERRORS:
+                await asyncio.sleep(pause)
+        return await self._ascript(name)(keys, args)
+
+    async def try_aacquire(self) -> tuple[bool, int, int]:
+        """One non-blocking try: ``(acquired, server_now_ms, holder_ttl_ms)``. For loops
+        that wait in their own way (the periodic scheduler)."""
+        self._check_not_held()
+        token = self._new_token()
+        fence, now_ms, ttl_ms = await self._acall(
+            "lock_acquire", [self.keys.token, self.keys.fence], [token, self.ttl_ms])
+        if fence:
+            self._took(token, int(fence))
+        return bool(fence), int(now_ms), int(ttl_ms)
+
+    async def aacquire(self) -> int:
+        """``acquire`` for asyncio code."""
+        self._check_not_held()
+        deadline = None if self.blocking_timeout_s is None \
+            else time.monotonic() + self.blocking_timeout_s
+        pause = WAIT_MIN_S
+        while True:
+            ok, _, ttl_ms = await self.try_aacquire()
+            if ok:
+                assert self.fence is not None
+                return self.fence
+            sleep_s = self._next_pause(pause, ttl_ms, deadline)
+            if sleep_s is None:
+                raise self._not_acquired()
+            await asyncio.sleep(sleep_s)
+            pause = min(pause * 2, WAIT_MAX_S)
+
+    async def arelease(self) -> None:
+        """``release`` for asyncio code."""
+        token = self._require_held()
+        hit_error = False
+        freed = 0
+        for pause in (*RETRY_DELAYS_S, None):
+            try:
+                freed = await self._ascript("lock_release")([self.keys.token], [token])
+                break
+            except _RETRY_ERRORS:
+                if pause is None:
+                    raise
+                hit_error = True
+                await asyncio.sleep(pause)
+        self._released(freed, hit_error)
+
+    async def aextend(self, ttl_s: float | None = None) -> int:
+        """``extend`` for asyncio code; returns the server time (ms) of the extend."""
+        token = self._require_held()
+        ttl_ms = self.ttl_ms if ttl_s is None else _ms(ttl_s, "ttl_s")
+        ok, now_ms = await self._acall("lock_extend", [self.keys.token], [token, ttl_ms])
+        self._extended(int(ok))
+        return int(now_ms)
+
+    async def __aenter__(self) -> Lock:
+        await self.aacquire()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        if exc is None:
+            await self.arelease()
+            return
+        try:
+            await self.arelease()
+        except LockLost as lost:
+            exc.add_note(str(lost))
+
+    # --- shared bookkeeping -------------------------------------------------------------
+
+    def _check_not_held(self) -> None:
+        if self.token is not None:
+            raise RuntimeError(f"lock {self.name!r} is already held by this object")
+
+    def _require_held(self) -> str:
+        if self.token is None:
+            raise RuntimeError(f"lock {self.name!r} is not held by this object")
+        return self.token
+
+    def _took(self, token: str, fence: int) -> int:
+        self.token = token
+        self.fence = fence
+        return fence
+
+    def _next_pause(self, pause: float, holder_ttl_ms: int, deadline: float | None,
+                    ) -> float | None:
+        """How long to wait before the next try, or ``None`` when the time is up."""
+        wait = pause * random.uniform(0.5, 1.0)
+        if holder_ttl_ms > 0:  # -1: a holder without a lease (set by hand): keep backing off
+            wait = min(wait, holder_ttl_ms / 1000 + 0.001)
+        if deadline is None:
+            return wait
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        return min(wait, left)
+
+    def _not_acquired(self) -> LockNotAcquired:
+        waited = self.blocking_timeout_s
+        how = "at once" if not waited else f"within {waited}s"
+        return LockNotAcquired(self.name, f"lock {self.name!r} is held by another owner; "
+                                          f"not acquired {how}")
+
+    def _released(self, freed: int, hit_error: bool) -> None:
+        self.token = None
+        # After a broken connection a 0 is ambiguous (the first try may have freed it).
+        if not freed and not hit_error:
+            raise LockLost(self.name, f"lock {self.name!r} was lost before its release: "
+                                      "its lease ran out or another owner took it")
+
+    def _extended(self, ok: int) -> None:
+        if not ok:
+            self.token = None
+            raise LockLost(self.name, f"lock {self.name!r} was lost: its lease ran out "
+                                      "or another owner took it; not extended")
+
+
+def holder(app: App, name: str) -> str | None:
+    """The token of the current holder of lock ``name`` (``None``: free)."""
+    raw = app.redis.get(lock_keys(app.namespace, name).token)
+    return None if raw is None else raw.decode() if isinstance(raw, bytes) else str(raw)
+

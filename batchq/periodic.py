@@ -1,0 +1,408 @@
+"""Periodic jobs: ``@app.periodic(cron="*/5 * * * *", tz="UTC")`` or ``every_s=30``.
+
+The decorator registers the function as an ordinary task (same options as
+``app.task``) plus a ``Schedule``. Every worker process runs ``run_scheduler``; exactly
+one of them at a time is the *leader* and enqueues the ticks:
+
+- **Leader election** uses a ``batchq.lock.Lock`` (``leader_lock_name``) with a lease
+  of ``LEASE_S`` seconds. The leader renews it every lease/3 with a compare-token extend
+  (never a blind PEXPIRE), and steps down the moment an extend finds the lock gone. A
+  follower tries once per lease/3 (one command), or right after the holder's lease runs
+  out, so when a leader dies another process leads within one lease.
+- **One run per tick, even with two leaders** (a paused leader that does not know it
+  lost): ``periodic_tick.lua`` keeps each schedule's last enqueued tick in the queue's
+  ``T:periodic`` hash and RPUSHes the job in the same atomic call, on the queue's slot.
+  A tick at or before the recorded one is never enqueued again.
+- **No storm after downtime.** A leader only ever considers the latest tick at or
+  before now. If it is at most ``grace_s`` late (a takeover, a slow start) it runs;
+  older, it was missed: skipped, or run once with ``catch_up=True``. The ticks in
+  between are never run.
+- Ticks are points in Unix time taken from the server's clock: cron times in the
+  schedule's time zone (croniter, zoneinfo), or multiples of ``every_s`` since the epoch,
+  so every process names the same tick the same way. A periodic job carries its tick as
+  its due time (``Job.ready_ms``).
+
+``periodic_status`` reads what ``batchq info`` and the metric
+``batchq_periodic_last_run_timestamp_seconds`` show.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import math
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from weakref import WeakKeyDictionary
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import redis
+import redis.asyncio
+from croniter import croniter
+from redis.exceptions import RedisClusterException
+
+from . import producer
+from .errors import LockLost
+from .keys import QueueKeys, queues_key
+from .lock import Lock, holder, token_owner
+from .scripts import AsyncScript
+
+if TYPE_CHECKING:
+    from .app import App, Task
+
+log = logging.getLogger("batchq.periodic")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+LEADER_LOCK = "batchq.periodic"
+"""Prefix of the lock the schedulers elect their leader with (see ``leader_lock_name``)."""
+
+LEASE_S = 5.0
+"""The leader's lease: another process takes over at most this long after it died."""
+
+DEFAULT_GRACE_S = 3 * LEASE_S
+"""A tick found at most this late still runs (covers a takeover and a slow start)."""
+
+_REDIS_ERRORS = (redis.RedisError, RedisClusterException, OSError, RuntimeError)
+"""What a scheduler survives (logged, then retried with backoff): it never ends the
+worker it runs in."""
+
+
+def periodic_key(keys: QueueKeys) -> str:
+    """The queue's hash of periodic state: ``<task>:tick``, ``<task>:run``, ``<task>:next``
+    (all ms); under the queue's hash tag, next to the lists the ticks go to."""
+    return f"{keys.prefix}:periodic"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When a periodic task runs. Exactly one of ``cron`` and ``every_s`` is set."""
+
+    task: Task[..., Any]
+    cron: str | None = None
+    every_s: float | None = None
+    tz: str = "UTC"
+    catch_up: bool = False
+    grace_s: float = DEFAULT_GRACE_S
+
+    def __post_init__(self) -> None:
+        if (self.cron is None) == (self.every_s is None):
+            raise ValueError(f"periodic task {self.name!r}: give cron=... or every_s=..., "
+                             "exactly one")
+        if self.cron is not None and not (isinstance(self.cron, str)
+                                          and croniter.is_valid(self.cron)):
+            raise ValueError(f"periodic task {self.name!r}: invalid cron expression "
+                             f"{self.cron!r}")
+        if self.every_s is not None and not (
+                isinstance(self.every_s, int | float) and math.isfinite(self.every_s)
+                and self.every_s >= 1):
+            raise ValueError(f"periodic task {self.name!r}: every_s must be a number of "
+                             f"seconds >= 1, got {self.every_s!r}")
+        try:
+            self.zone  # noqa: B018 - validates the time zone now, not at the first tick
+        except (ZoneInfoNotFoundError, ValueError, TypeError):
+            raise ValueError(f"periodic task {self.name!r}: unknown time zone {self.tz!r}"
+                             ) from None
+        if not (isinstance(self.grace_s, int | float) and self.grace_s >= 0):
+            raise ValueError(f"periodic task {self.name!r}: grace_s must be >= 0 seconds, "
+                             f"got {self.grace_s!r}")
+
+    @property
+    def name(self) -> str:
+        return self.task.config.name
+
+    @property
+    def queue(self) -> str:
+        return self.task.config.queue
+
+    @property
+    def zone(self) -> ZoneInfo:
+        return ZoneInfo(self.tz)
+
+    @property
+    def text(self) -> str:
+        """The schedule as people write it: ``cron */5 * * * * (UTC)`` or ``every 30s``."""
+        if self.cron is not None:
+            return f"cron {self.cron} ({self.tz})"
+        return f"every {self.every_s:g}s"
+
+    def latest_tick_ms(self, now_ms: int) -> int:
+        """The latest tick at or before ``now_ms`` (Unix ms)."""
+        if self.every_s is not None:
+            every_ms = round(self.every_s * 1000)
+            return now_ms - now_ms % every_ms
+        assert self.cron is not None
+        # croniter's get_prev is strict: start 1 ms later so a tick exactly now counts
+        start = datetime.fromtimestamp((now_ms + 1) / 1000, self.zone)
+        return round(croniter(self.cron, start).get_prev(float) * 1000)
+
+    def next_tick_ms(self, now_ms: int) -> int:
+        """The first tick after ``now_ms`` (Unix ms)."""
+        if self.every_s is not None:
+            return self.latest_tick_ms(now_ms) + round(self.every_s * 1000)
+        assert self.cron is not None
+        start = datetime.fromtimestamp(now_ms / 1000, self.zone)
+        return round(croniter(self.cron, start).get_next(float) * 1000)
+
+
+_SCHEDULES: WeakKeyDictionary[App, dict[str, Schedule]] = WeakKeyDictionary()
+
+
+def register(app: App, fn: Callable[P, R], *, cron: str | None, every_s: float | None,
+             tz: str, catch_up: bool, grace_s: float | None,
+             task_options: dict[str, Any]) -> Task[P, R]:
+    """``@app.periodic``: register ``fn`` as a task and its schedule."""
+    task: Callable[..., Any] = app.task  # the options are app.task's, checked there
+    t: Task[P, R] = task(**task_options)(fn)
+    try:
+        s = Schedule(t, cron, every_s, tz, catch_up,
+                     DEFAULT_GRACE_S if grace_s is None else grace_s)
+    except ValueError:
+        del app.tasks[t.config.name]  # a bad schedule registers nothing
+        raise
+    _SCHEDULES.setdefault(app, {})[s.name] = s
+    return t
+
+
+def schedules(app: App) -> list[Schedule]:
+    """The periodic schedules of an app, in registration order."""
+    return list(_SCHEDULES.get(app, {}).values())
+
+
+def leader_lock_name(app: App) -> str:
+    """The leader lock of this app's set of periodic tasks: ``batchq.periodic.<digest>``
+    of their (queue, name) pairs. Two apps that share a namespace but schedule different
+    tasks elect a leader each (one would otherwise lead and run only its own tasks).
+    Versions of one app whose sets differ (a rolling deploy that adds a task) may both
+    lead for a while: the per-tick guard keeps every tick once even then."""
+    pairs = sorted(f"{s.queue}\x00{s.name}" for s in schedules(app))
+    digest = hashlib.sha1("\x01".join(pairs).encode(), usedforsecurity=False).hexdigest()
+    return f"{LEADER_LOCK}.{digest[:12]}"
+
+
+# --- the scheduler --------------------------------------------------------------------
+
+
+async def _sleep(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), max(0.0, seconds))
+
+
+class Scheduler:
+    """The periodic scheduler of one process: a follower until it wins the leader lock,
+    then the one that enqueues the ticks. ``run`` until ``stop`` is set."""
+
+    def __init__(self, app: App, *, lease_s: float = LEASE_S, owner: str | None = None
+                 ) -> None:
+        self.app = app
+        self.lease_s = lease_s
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}".replace("/", "_")
+        self.lock = Lock(app, leader_lock_name(app), ttl_s=lease_s, owner=self.owner)
+        self.enqueued = 0
+        """Ticks this process enqueued (for logs and tests)."""
+        self._done: dict[str, int] = {}  # task -> latest tick the script answered for
+        self._renew_at = 0.0  # monotonic
+        self._registered: set[str] = set()
+        self._tick_script: AsyncScript | None = None
+
+    @property
+    def is_leader(self) -> bool:
+        return self.lock.held
+
+    async def run(self, stop: asyncio.Event) -> None:
+        scheds = schedules(self.app)
+        if not scheds:
+            return  # nothing to schedule: not even a lock attempt
+        # the tasks registered by now (the app is imported before the worker starts)
+        self.lock = Lock(self.app, leader_lock_name(self.app), ttl_s=self.lease_s,
+                         owner=self.owner)
+        backoff_s = 0.1
+        try:
+            while not stop.is_set():
+                try:
+                    wait_s = await self._step(scheds)
+                    backoff_s = 0.1
+                except LockLost:
+                    log.warning("periodic scheduler %s: lost the leader lock; following",
+                                self.owner)
+                    wait_s = 0.0
+                except _REDIS_ERRORS as exc:
+                    log.warning("periodic scheduler %s: Redis error (%s); retrying in %.1fs",
+                                self.owner, exc, backoff_s)
+                    wait_s, backoff_s = backoff_s, min(backoff_s * 2, 5.0)
+                await _sleep(stop, wait_s)
+        finally:
+            if self.lock.held:  # hand over at once rather than after the lease
+                with contextlib.suppress(LockLost, *_REDIS_ERRORS, TimeoutError):
+                    await asyncio.wait_for(self.lock.arelease(), 2.0)
+                self.lock.token = None
+
+    async def _step(self, scheds: list[Schedule]) -> float:
+        """One round; returns how long to sleep before the next."""
+        third = self.lease_s / 3
+        if not self.lock.held:
+            t0 = time.monotonic()
+            ok, _, ttl_ms = await self.lock.try_aacquire()
+            if not ok:  # try again in lease/3, or just after the holder's lease ends
+                return min(third, ttl_ms / 1000 + 0.005) if ttl_ms > 0 else third
+            self._renew_at = t0 + third
+            self._done.clear()  # a new term: ask the script about every schedule again
+            log.info("periodic scheduler %s: leading %d schedule(s)", self.owner, len(scheds))
+        elif time.monotonic() >= self._renew_at:
+            t0 = time.monotonic()
+            await self.lock.aextend()  # raises LockLost: step down
+            self._renew_at = t0 + third
+        until_tick_s = await self._tick(scheds)
+        return min(until_tick_s, self._renew_at - time.monotonic())
+
+    async def _tick(self, scheds: list[Schedule]) -> float:
+        """Enqueue every schedule's due tick (once); returns seconds to the next tick."""
+        client = self.app.async_redis()
+        sec, usec = await client.time()
+        now_ms = int(sec) * 1000 + int(usec) // 1000
+        t_local = time.monotonic()
+        wait_ms = 3_600_000
+        for s in scheds:
+            due = s.latest_tick_ms(now_ms)
+            nxt = s.next_tick_ms(now_ms)
+            if self._done.get(s.name, -1) < due:
+                code, value = await self._fire(s, due, nxt, now_ms)
+                if code == -1:  # this node's clock is behind the one we asked: soon
+                    wait_ms = min(wait_ms, int(value) + 2)
+                    continue
+                self._done[s.name] = due
+                if code == 1:
+                    self.enqueued += 1
+                    log.debug("periodic %s: enqueued the tick of %s", s.name,
+                             _fmt_ms(due))
+                elif code == 2:
+                    log.warning("periodic %s: missed the tick of %s (more than %gs late); "
+                                "skipped", s.name, _fmt_ms(due), s.grace_s)
+            wait_ms = min(wait_ms, nxt - now_ms)
+        # +2 ms: wake just after the tick, not just before it
+        return (max(wait_ms, 0) + 2) / 1000 - (time.monotonic() - t_local)
+
+    async def _fire(self, s: Schedule, due: int, nxt: int, now_ms: int) -> tuple[int, int]:
+        app = self.app
+        client = app.async_redis()
+        if self._tick_script is None or self._tick_script.client is not client:
+            self._tick_script = AsyncScript("periodic_tick", client)
+        if s.queue not in self._registered:
+            await app.aregister_queue(s.queue)
+            self._registered.add(s.queue)
+        c = s.task.config
+        # the producer's own entry code; the tick is the job's due time
+        plan = producer.plan(app, c.name, c.queue, c.priority, c.max_attempts, None,
+                             due / 1000)
+        _, entry = plan.entry((), {}, now_ms)
+        k = plan.keys
+        res = await self._tick_script(
+            [periodic_key(k), plan.target, k.wake, k.stats],
+            [s.name, due, nxt, round(s.grace_s * 1000), "1" if s.catch_up else "0", entry,
+             s.text, self.lock.name])
+        return int(res[0]), int(res[1])
+
+
+def _fmt_ms(ms: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))
+
+
+async def run_scheduler(app: App, stop_event: asyncio.Event, *, lease_s: float = LEASE_S,
+                        ) -> None:
+    """Run the periodic scheduler of this process until ``stop_event`` is set.
+
+    Start it in every worker process (as a task of the worker's event loop): it returns
+    at once when the app has no periodic task, costs one command per lease/3 while
+    another process leads, and releases the leadership when stopped.
+    """
+    await Scheduler(app, lease_s=lease_s).run(stop_event)
+
+
+# --- status -----------------------------------------------------------------------------
+
+
+def periodic_status(app: App) -> list[dict[str, Any]]:
+    """One dict per periodic task: ``name``, ``queue``, ``schedule`` (text),
+    ``last_run_s`` (server time its last tick was enqueued, or ``None``), ``last_tick_s``,
+    ``next_run_s`` (as recorded by the leader; ``None`` before any scheduler ran; in the
+    past when none runs now) and ``leader`` (``host:pid`` of the leading process, or
+    ``None`` when no scheduler leads). Times are Unix seconds.
+
+    The tasks are the app's periodic tasks. An app without any (``batchq info`` run
+    without an app) gets every schedule recorded in the queues of its namespace instead,
+    from what the leaders wrote; a task removed from the code stays listed there (with
+    a ``next_run_s`` in the past) until its fields are deleted from ``T:periodic``."""
+    r = app.redis
+    scheds = schedules(app)
+    if scheds:
+        wanted = [(s.queue, s.name, s.text) for s in scheds]
+    else:
+        wanted = []
+        queues = sorted(_text(q) for q in r.smembers(queues_key(app.namespace)))
+        for q in queues:
+            try:
+                k = app.keys(q)
+            except ValueError:
+                continue
+            fields = r.hgetall(periodic_key(k))
+            names = sorted({_text(f).rsplit(":", 1)[0] for f in fields})
+            wanted += [(q, n, _text(fields.get(f"{n}:schedule".encode(), b"?")))
+                       for n in names]
+    leaders: dict[str, str | None] = {}
+    out: list[dict[str, Any]] = []
+    for queue, name, text in wanted:
+        tick, run, nxt, lock_name = r.hmget(
+            periodic_key(app.keys(queue)),
+            [f"{name}:tick", f"{name}:run", f"{name}:next", f"{name}:lock"])
+        lock_name = leader_lock_name(app) if scheds else _text(lock_name or b"")
+        if lock_name not in leaders:
+            leaders[lock_name] = token_owner(holder(app, lock_name)) if lock_name else None
+        out.append({
+            "name": name,
+            "queue": queue,
+            "schedule": text,
+            "last_run_s": _seconds(run),
+            "last_tick_s": _seconds(tick),
+            "next_run_s": _seconds(nxt),
+            "leader": leaders[lock_name],
+        })
+    return out
+
+
+def periodic_metrics(app: App) -> list[Any]:
+    """Prometheus metric families from ``periodic_status`` (yield them from a collector
+    at scrape time): ``batchq_periodic_last_run_timestamp_seconds`` and
+    ``batchq_periodic_next_run_timestamp_seconds``, labelled ``task`` and ``queue``; a
+    task that never ran (or was never scheduled) has no sample. Alert on
+    ``time() - last_run`` above the period, or ``time() > next_run + lease``."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    last = GaugeMetricFamily("batchq_periodic_last_run_timestamp_seconds",
+                             "When the periodic task's last tick was enqueued (Unix time)",
+                             labels=["task", "queue"])
+    nxt = GaugeMetricFamily("batchq_periodic_next_run_timestamp_seconds",
+                            "The periodic task's next tick as recorded by the scheduler "
+                            "(Unix time); in the past when no scheduler runs",
+                            labels=["task", "queue"])
+    for st in periodic_status(app):
+        if st["last_run_s"] is not None:
+            last.add_metric([st["name"], st["queue"]], st["last_run_s"])
+        if st["next_run_s"] is not None:
+            nxt.add_metric([st["name"], st["queue"]], st["next_run_s"])
+    return [last, nxt]
+
+
+def _text(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+def _seconds(raw: Any) -> float | None:
+    return None if raw is None else int(raw) / 1000
