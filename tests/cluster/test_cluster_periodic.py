@@ -11,7 +11,7 @@ import pytest
 
 import batchq
 from batchq import codec
-from batchq.embedded import EmbeddedCluster
+from batchq.dev.cluster import EmbeddedCluster
 from batchq.lock import lock_keys
 from batchq.periodic import Scheduler
 
