@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from ..connection import redact
 from ..exitcodes import EXIT_USAGE
 from ..loading import AppImportError, load_app
-from .flags import UsageError, check_env_url, redis_url
+from .flags import UsageError, check_env_url, redis_url, url_problem
 
 __all__ = ["AppImportError", "load_app", "main"]
 
@@ -93,8 +93,8 @@ def _hide_url_from_ps(args: list[str]) -> None:
     if not args or args[0] == "server" or (args[0] == "bench" and args[1:2] != ["load"]):
         return  # no --redis-url there (the harness passes its arguments through)
     kept, value = _without_url(args)
-    if value is None or not _has_secret(value):
-        return
+    if value is None or not _has_secret(value) or url_problem(value):
+        return  # nothing to hide, or a bad URL that the parser refuses at once
     orig = list(getattr(sys, "orig_argv", []))
     if len(orig) < len(args) or orig[len(orig) - len(args):] != args:
         return
