@@ -49,12 +49,12 @@ def cmd_dead(args: argparse.Namespace) -> int:
     action: str = args.action
     if args.ids and args.all:
         raise usage("give --id or --all, not both")
+    if args.limit is not None and action in ("retry", "purge"):
+        raise usage(f"--limit applies to list and show, not {action}")
     if action in ("retry", "purge") and not args.ids and not args.all:
         raise usage(f"{action} needs --id ID (repeatable) or --all")
     if action == "show" and not args.ids and not args.all and args.limit is None:
         raise usage("show needs --id ID (repeatable), --all or --limit N")
-    if args.limit is not None and action in ("retry", "purge"):
-        raise usage(f"--limit applies to list and show, not {action}")
     args.app, loaded, queue = app_and(args.where, "QUEUE")
     t = target(args, loaded)
     q = t.queue(queue)
