@@ -474,7 +474,7 @@ class Supervisor:
         if generation > 0:
             for name in self._app_modules:
                 sys.modules.pop(name, None)
-            from .cli import AppImportError
+            from .loading import AppImportError
 
             try:
                 app = self._load()

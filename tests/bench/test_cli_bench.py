@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from batchq import cli_bench
+from batchq.cli import bench as cli_bench
 
 APP_SOURCE = """
 import os
@@ -91,14 +91,22 @@ def test_load_table_and_bad_input(user_app: str, redis_url: str,
     assert "no task 'nope'" in capsys.readouterr().err
 
 
-def test_harness_delegation(monkeypatch: pytest.MonkeyPatch,
+def test_harness_delegation(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                             capsys: pytest.CaptureFixture[str]) -> None:
     args = _parser().parse_args(["bench", "drain", "--quick", "--jobs", "5"])
     assert args.handler is cli_bench.cmd_harness and args.rest == ["--quick", "--jobs", "5"]
 
-    def missing(name: str) -> None:
-        raise ImportError(f"No module named {name!r}")
+    # the harness is found in the checkout batchq came from, whatever the cwd
+    repo = Path(__file__).resolve().parent.parent.parent
+    assert cli_bench.find_checkout([tmp_path, repo]) == repo
+    assert cli_bench.find_checkout([tmp_path, tmp_path.parent]) is None
+    # a folder named bench that is not next to batchq/ is not a checkout
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "__main__.py").write_text("raise SystemExit(7)\n")
+    assert cli_bench.find_checkout([tmp_path]) is None
 
-    monkeypatch.setattr(cli_bench.importlib, "import_module", missing)
+    # an installed batchq run outside a checkout: a clear message, exit 2
+    monkeypatch.setattr(cli_bench, "_checkout_candidates", lambda: [tmp_path])
     assert args.handler(args) == 2
-    assert "source checkout" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "source checkout" in err and "bench/" in err

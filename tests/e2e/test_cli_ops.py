@@ -253,10 +253,10 @@ def test_enqueue_from_file_skips_bad_lines(app: batchq.App, env: dict[str, str |
     assert [(list(j.args), dict(j.kwargs)) for j in jobs] == [
         ([1], {}), ([2, "two"], {}), ([], {"n": 4, "tag": "four"}), ([9], {"tag": "nine"})]
     assert {j.task for j in jobs} == {"record"}
-    assert not Path(str(src) + ".batchq-progress").exists()
+    assert json.loads(Path(str(src) + ".batchq-progress").read_text())["finished"] is True
 
-    # --progress forces the progress line on a non-terminal
-    res = cli(["enqueue", APP, "record", "--from", str(src), "--progress"], env)
+    # --progress forces the progress line on a non-terminal (--again: the file finished)
+    res = cli(["enqueue", APP, "record", "--from", str(src), "--progress", "--again"], env)
     assert "ETA" in res.stderr and "enqueued" in res.stderr
     assert app.queue("bulk").stats().ready == 8
 
@@ -286,7 +286,7 @@ def test_enqueue_abort_then_resume(app: batchq.App, env: dict[str, str | None],
     assert "resuming from line 6" in res.stderr
     assert re.search(r"^5 enqueued, 0 skipped", res.stdout, re.M), res.stdout
     assert ready_args(app, "bulk") == [[n] for n in range(1, 11)]
-    assert not state.exists()
+    assert json.loads(state.read_text())["finished"] is True
 
     # --start-line picks the first line explicitly
     res = cli(["enqueue", APP, "record", "--from", str(src), "--start-line", "9"], env)
@@ -319,7 +319,7 @@ def test_enqueue_stopped_by_sigterm_resumes_without_gaps_or_doubles(
     args = ready_args(app, "bulk")
     assert args[0] == [0] and args[-1] == [total - 1]
     assert [a[0] for a in args] == list(range(total))  # in order, none twice
-    assert not state.exists()
+    assert json.loads(state.read_text())["finished"] is True
 
 # --- pause / resume ----------------------------------------------------------------------
 

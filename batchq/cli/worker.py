@@ -1,94 +1,33 @@
-"""The ``batchq`` command: argument parsing and output only; returns exit codes.
+"""``batchq worker`` (run jobs, alone or under the pre-fork supervisor) and ``batchq
+server`` (an embedded Valkey in the foreground, for development).
 
 Settings are resolved once: a command-line flag wins over its ``BATCHQ_*`` environment
-variable, which wins over the default. Exit codes: 0 ok, 1 error, 2 usage, 3 cannot
-import the app, 4 cannot reach Redis.
+variable, which wins over the default; every value is checked as it is parsed
+(``cli.flags``), so a worker never starts with a setting that would loop or crash.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import logging
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
 
-from .app import App
-from .exitcodes import EXIT_IMPORT, EXIT_OK, EXIT_RECYCLED, EXIT_REDIS, EXIT_USAGE
+from ..app import App
+from ..exitcodes import EXIT_IMPORT, EXIT_OK, EXIT_RECYCLED, EXIT_REDIS, EXIT_USAGE
+from ..loading import AppImportError, load_app
+from .flags import add_redis_url, boolean, int_at_least, opt, port, seconds
 
 log = logging.getLogger("batchq.cli")
 
 
-class AppImportError(Exception):
-    """``MODULE:APP`` could not be imported or is not an ``App``."""
-
-
-def load_app(ref: str) -> App:
-    """Import ``module:attribute`` (attribute defaults to ``app``) and return the App."""
-    module_name, _, attr = ref.partition(":")
-    attr = attr or "app"
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        raise AppImportError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") \
-            from exc
-    obj = getattr(module, attr, None)
-    if not isinstance(obj, App):
-        raise AppImportError(f"{ref!r} is not a batchq.App (found {type(obj).__name__})")
-    return obj
-
-
-class UsageError(Exception):
-    """A bad setting (flag or environment variable)."""
-
-
-def _env_default(env: str, default: Any, kind: Callable[[str], Any]) -> Any:
-    raw = os.environ.get(env)
-    if raw is None or raw == "":
-        return default
-    try:
-        return kind(raw)
-    except ValueError as exc:
-        raise UsageError(f"bad value for {env}: {raw!r} ({exc})") from None
-
-
-def _bool(raw: str) -> bool:
-    if raw.lower() in ("1", "true", "yes", "on"):
-        return True
-    if raw.lower() in ("0", "false", "no", "off"):
-        return False
-    raise ValueError("expected true/false")
-
-
-def _opt(p: argparse.ArgumentParser, *flags: str, env: str, default: Any,
-         kind: Callable[[str], Any] = str, help: str, **kw: Any) -> None:
-    """A flag that falls back to ``BATCHQ_<env>`` and then to ``default``."""
-    var = f"BATCHQ_{env}"
-    shown = "unset" if default is None else default
-    if kind is _bool:
-        p.add_argument(*flags, action="store_true", default=_env_default(var, default, kind),
-                       help=f"{help} [env {var}; default {shown}]", **kw)
-    else:
-        p.add_argument(*flags, type=kind, default=_env_default(var, default, kind),
-                       help=f"{help} [env {var}; default {shown}]", **kw)
-
-
-def add_redis_url(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--redis-url", default=None,
-                   help="Redis URL [env BATCHQ_REDIS_URL; default the app's, else "
-                   "redis://127.0.0.1:6379/0]")
-
-
-def _worker_parser(sub: Any) -> None:
+def add_commands(sub: Any) -> None:
     w = sub.add_parser(
         "worker", help="run worker processes",
         description="Run jobs. Without -p: one worker process in the foreground. With -p N: "
@@ -96,60 +35,49 @@ def _worker_parser(sub: Any) -> None:
         "signals (TERM graceful, INT/QUIT fast, HUP rolling restart, TTIN/TTOU one more "
         "or less, TSTP pause fetching, CONT resume).")
     w.add_argument("app", help="MODULE:APP, e.g. myproject.tasks:app")
-    _opt(w, "-p", "--processes", env="PROCESSES", default=None, kind=int,
+    opt(w, "-p", "--processes", env="PROCESSES", default=None, kind=int_at_least(1),
          help="worker processes under a supervisor")
-    _opt(w, "-q", "--queues", env="QUEUES", default="",
+    opt(w, "-q", "--queues", env="QUEUES", default="",
          help="comma-separated queues to serve (empty: every queue of the app's tasks)")
-    _opt(w, "-c", "--concurrency", env="CONCURRENCY", default=100, kind=int,
+    opt(w, "-c", "--concurrency", env="CONCURRENCY", default=100, kind=int_at_least(1),
          help="jobs run at once per process")
-    _opt(w, "--lease-s", env="LEASE_S", default=30.0, kind=float,
+    opt(w, "--lease-s", env="LEASE_S", default=30.0, kind=seconds(zero_ok=False),
          help="reservation taken on each job, extended while it runs")
-    _opt(w, "--fetch-batch", env="FETCH_BATCH", default=100, kind=int,
+    opt(w, "--fetch-batch", env="FETCH_BATCH", default=100, kind=int_at_least(1),
          help="jobs popped per Redis call")
-    _opt(w, "--shutdown-timeout", env="SHUTDOWN_TIMEOUT", default=30.0, kind=float,
+    opt(w, "--shutdown-timeout", env="SHUTDOWN_TIMEOUT", default=30.0, kind=seconds(zero_ok=True),
          help="seconds running jobs get to finish on SIGTERM before they are cancelled")
-    _opt(w, "--max-jobs-per-child", env="MAX_JOBS_PER_CHILD", default=None, kind=int,
-         help="recycle a worker process after this many jobs")
-    _opt(w, "--heartbeat-timeout", env="HEARTBEAT_TIMEOUT", default=30.0, kind=float,
-         help="kill a worker process whose event loop has not turned for this long (-p)")
-    _opt(w, "--burst", env="BURST", default=False, kind=_bool,
+    opt(w, "--max-jobs-per-child", env="MAX_JOBS_PER_CHILD", default=None,
+        kind=int_at_least(1), help="recycle a worker process after this many jobs")
+    opt(w, "--heartbeat-timeout", env="HEARTBEAT_TIMEOUT", default=30.0,
+        kind=seconds(zero_ok=False),
+        help="kill a worker process whose event loop has not turned for this long (-p)")
+    opt(w, "--burst", env="BURST", default=False, kind=boolean,
          help="exit 0 once the queues have nothing ready, delayed or reserved")
-    _opt(w, "--metrics-port", env="METRICS_PORT", default=None, kind=int,
+    opt(w, "--metrics-port", env="METRICS_PORT", default=None, kind=port,
          help="serve /metrics, /healthz, /readyz on this port (with -p: default 9808; "
          "without -p: only when given; 0 disables)")
-    _opt(w, "--metrics-addr", env="METRICS_ADDR", default="127.0.0.1",
+    opt(w, "--metrics-addr", env="METRICS_ADDR", default="127.0.0.1",
          help="address of the metrics server (0.0.0.0 in a container)")
-    _opt(w, "--no-metrics", env="NO_METRICS", default=False, kind=_bool,
+    opt(w, "--no-metrics", env="NO_METRICS", default=False, kind=boolean,
          help="do not count jobs for Prometheus at all")
     add_redis_url(w)
-    _opt(w, "--log-level", env="LOG_LEVEL", default="INFO", help="log level")
-    _opt(w, "--log-format", env="LOG_FORMAT", default="plain", help="plain or json")
+    opt(w, "--log-level", env="LOG_LEVEL", default="INFO", help="log level")
+    opt(w, "--log-format", env="LOG_FORMAT", default="plain", help="plain or json")
+    w.set_defaults(handler=cmd_worker)
 
 
-def _parser() -> argparse.ArgumentParser:
-    from . import __version__
-
-    p = argparse.ArgumentParser(prog="batchq", description="batchq: a Redis job queue")
-    p.add_argument("--version", action="version", version=f"batchq {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
-    _worker_parser(sub)
     s = sub.add_parser("server", help="run an embedded Valkey server in the foreground")
-    s.add_argument("--port", type=int, default=6399)
+    s.add_argument("--port", type=port, default=6399)
     s.add_argument("--host", default="127.0.0.1")
-    from .cli_ops import add_commands
-
-    add_commands(sub)
-    from .cli_bench import add_commands as add_bench
-
-    add_bench(sub)
-    return p
+    s.set_defaults(handler=cmd_server)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from .connection import RedisSettings
-    from .health import check
-    from .logs import setup_logging
-    from .worker import WorkerSettings, run_worker
+    from ..connection import RedisSettings
+    from ..health import check
+    from ..logs import setup_logging
+    from ..worker import WorkerSettings, run_worker
 
     try:
         setup_logging(args.log_level, args.log_format, "supervisor" if args.processes else
@@ -162,7 +90,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     try:
         app = load_app(args.app)
     except AppImportError as exc:
-        log.error("%s", exc)
+        log.error("%s (taken as MODULE:APP)", exc)
         return EXIT_IMPORT
     app_modules = set(sys.modules) - before
     if args.redis_url:
@@ -190,9 +118,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return EXIT_REDIS
     if not health.ok or health.eviction_policy is None:
         log.warning("%s", health.reason)
+    if args.burst:
+        _warn_paused(app, queues or tuple(app.queues()))
     if not args.processes:
         if args.metrics_port and not args.no_metrics:
-            from .metrics import serve_in_thread
+            from ..metrics import serve_in_thread
 
             serve_in_thread(app, args.metrics_addr, args.metrics_port)
         try:
@@ -201,11 +131,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             log.error("lost Redis during start-up: %s", exc)
             return EXIT_REDIS
-    from .supervisor import Supervisor, SupervisorSettings
+    from ..supervisor import Supervisor, SupervisorSettings
 
-    if args.processes < 1:
-        log.error("-p must be at least 1")
-        return EXIT_USAGE
     sup = Supervisor(
         app,
         lambda: load_app(args.app),
@@ -250,17 +177,23 @@ def _clean_metrics_dir(path: str, *, remove: bool) -> None:
 
 
 def cmd_server(args: argparse.Namespace) -> int:
-    from .dev.server import serve_forever
+    from ..dev.server import serve_forever
 
     return serve_forever(port=args.port, host=args.host)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        args = _parser().parse_args(argv)
-    except UsageError as exc:
-        print(f"batchq: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    handler: Callable[[argparse.Namespace], int] = args.handler if hasattr(args, "handler") \
-        else {"worker": cmd_worker, "server": cmd_server}[args.command]
-    return handler(args)
+
+
+def _warn_paused(app: App, queues: tuple[str, ...]) -> None:
+    """A burst run cannot empty a paused queue: say so before it starts."""
+    stuck = []
+    with contextlib.suppress(redis.RedisError, OSError):
+        for name in queues:
+            st = app.queue(name).stats()
+            if st.paused and st.pending:
+                stuck.append(f"{name} ({st.ready} ready, {st.delayed} delayed)")
+    if stuck:
+        log.warning("--burst: paused queue%s with jobs: %s; their jobs will not run until "
+                    "`batchq resume QUEUE`, so this burst run cannot empty %s and ends "
+                    "without them", "s" if len(stuck) > 1 else "", ", ".join(stuck),
+                    "them" if len(stuck) > 1 else "it")

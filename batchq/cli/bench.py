@@ -18,8 +18,11 @@ measures what it can see from outside:
   bounds ("<= 5 ms"), timed by the workers at job start from the actual enqueue time.
 
 ``batchq bench SCENARIO ...`` runs ``python -m bench SCENARIO ...`` (enqueue, drain,
-latency, memory, idle, scale, peers, plot) when the ``bench`` package of a batchq source
-checkout can be imported (run from the repository root).
+latency, memory, idle, scale, peers, plot) from a batchq source checkout: the harness
+lives in the repository's top-level ``bench/`` folder, which is not installed. The
+checkout is the one this batchq was imported from (an editable install or a run from the
+source tree), else the current directory or one of its parents; anywhere else the
+command says so and exits 2.
 """
 
 from __future__ import annotations
@@ -29,14 +32,17 @@ import asyncio
 import importlib
 import json
 import math
-import os
 import sys
 import time
 import urllib.request
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
-from . import cli, exitcodes
-from .loadgen import LoadState, aopen_loop, percentile_keys
+from .. import exitcodes
+from ..loadgen import LoadState, aopen_loop, percentile_keys
+from ..loading import AppImportError, load_app
+from .flags import add_redis_url, seconds
 
 HARNESS_COMMANDS = ("enqueue", "drain", "latency", "memory", "idle", "scale", "peers", "plot")
 PROGRESS_EVERY_S = 1.0
@@ -54,18 +60,20 @@ def add_commands(sub: Any) -> None:
                         "report send lateness, completions and queue depth.")
     p.add_argument("app", metavar="MODULE:APP")
     p.add_argument("task", metavar="TASK", help="task name")
-    p.add_argument("--rate", type=float, required=True, help="jobs per second")
-    p.add_argument("--duration", type=float, required=True, help="seconds of load")
+    p.add_argument("--rate", type=seconds(zero_ok=False), required=True,
+                   help="jobs per second")
+    p.add_argument("--duration", type=seconds(zero_ok=False), required=True,
+                   help="seconds of load")
     p.add_argument("--args", default="[]", metavar="JSON",
                    help='arguments of every job: a JSON array (positional), an object '
                    '(keyword) or {"args": [...], "kwargs": {...}} (default [])')
-    p.add_argument("--settle", type=float, default=30.0, metavar="SECONDS",
+    p.add_argument("--settle", type=seconds(zero_ok=True), default=30.0, metavar="SECONDS",
                    help="after the last send, wait this long at most for the queue to "
                    "drain back (default 30)")
     p.add_argument("--metrics-url", default=None, metavar="URL",
                    help="the fleet's /metrics, for the workers' enqueue-to-start histogram")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    cli.add_redis_url(p)
+    add_redis_url(p)
     p.set_defaults(handler=cmd_load)
     for name in HARNESS_COMMANDS:
         h = bsub.add_parser(name, help=f"python -m bench {name} (source checkout only)",
@@ -74,17 +82,46 @@ def add_commands(sub: Any) -> None:
         h.set_defaults(handler=cmd_harness)
 
 
+def _checkout_candidates() -> list[Path]:
+    """Where a source checkout may be: the tree this batchq was imported from, then the
+    current directory and its parents."""
+    here = Path(__file__).resolve().parent.parent.parent
+    cwd = Path.cwd().resolve()
+    return [here, cwd, *cwd.parents]
+
+
+def find_checkout(candidates: Iterable[Path]) -> Path | None:
+    """The first candidate that is a batchq source checkout (``bench/__main__.py`` next
+    to ``batchq/__init__.py``)."""
+    for root in candidates:
+        if (root / "bench" / "__main__.py").is_file() \
+                and (root / "batchq" / "__init__.py").is_file():
+            return root
+    return None
+
+
 def cmd_harness(args: argparse.Namespace) -> int:
     """Delegate to the ``bench`` package of a source checkout."""
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    name = f"batchq bench {args.bench_command}"
+    root = find_checkout(_checkout_candidates())
+    if root is None:
+        print(f"{name}: the benchmark harness is not installed with batchq: it lives in "
+              "the top-level bench/ folder of a batchq source checkout. Run this from "
+              "such a checkout (or use `python -m bench` there).", file=sys.stderr)
+        return exitcodes.EXIT_USAGE
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
     try:
         harness = importlib.import_module("bench.__main__")
     except ImportError as exc:
-        print(f"batchq bench {args.bench_command}: the benchmark harness is not importable "
-              f"({exc}). It lives in the top-level bench/ package of a batchq source "
-              "checkout, not in the installed package: run this from the repository root "
-              "(or use `python -m bench` there).", file=sys.stderr)
+        print(f"{name}: cannot import the harness of the checkout {root}: {exc}",
+              file=sys.stderr)
+        return exitcodes.EXIT_USAGE
+    found = Path(getattr(harness, "__file__", "") or "").resolve()
+    if not found.is_relative_to(root / "bench"):
+        print(f"{name}: the module bench.__main__ was found at {found}, not in the "
+              f"checkout {root}; another package named bench is in the way",
+              file=sys.stderr)
         return exitcodes.EXIT_USAGE
     code: int = harness.main([args.bench_command, *args.rest])
     return code
@@ -177,7 +214,7 @@ async def _run_load(args: argparse.Namespace, task: Any, job_args: list[Any],
         if len(intended) == 1:
             await task.aenqueue(*job_args, **job_kwargs)
         else:
-            from .producer import Call
+            from ..producer import Call
 
             await task.aenqueue_many([Call(*job_args, **job_kwargs)] * len(intended))
 
@@ -210,21 +247,22 @@ async def _run_load(args: argparse.Namespace, task: Any, job_args: list[Any],
 
 
 def cmd_load(args: argparse.Namespace) -> int:
-    if args.rate <= 0 or args.duration <= 0:
-        print("batchq bench load: --rate and --duration must be positive", file=sys.stderr)
-        return exitcodes.EXIT_USAGE
     try:
         job_args, job_kwargs = _parse_args(args.args)
     except (ValueError, TypeError) as exc:
         print(f"batchq bench load: bad --args: {exc}", file=sys.stderr)
         return exitcodes.EXIT_USAGE
     try:
-        app = cli.load_app(args.app)
-    except cli.AppImportError as exc:
-        print(f"batchq bench load: {exc}", file=sys.stderr)
+        if ":" in args.task and ":" not in args.app:
+            # the older order TASK MODULE:APP (task names cannot contain ':')
+            args.app, args.task = args.task, args.app
+        app = load_app(args.app)
+    except AppImportError as exc:
+        print(f"batchq bench load: {exc} (took {args.app!r} as MODULE:APP and "
+              f"{args.task!r} as TASK)", file=sys.stderr)
         return exitcodes.EXIT_IMPORT
     if args.redis_url:
-        from .connection import RedisSettings
+        from ..connection import RedisSettings
 
         app.redis_settings = RedisSettings(args.redis_url)
     task = app.tasks.get(args.task)
