@@ -19,8 +19,10 @@ from typing import Any
 import msgpack
 
 __all__ = [
+    "MAX_HEADER_INT",
     "DecodeError",
     "Job",
+    "check_int",
     "decode_dead_record",
     "decode_entry",
     "encode_body",
@@ -128,25 +130,78 @@ def new_id() -> str:
 
 # --- entries ---------------------------------------------------------------------------
 
+MAX_HEADER_INT = 10**14 - 1
+"""The largest number a header may carry. The scripts rebuild headers with Lua's
+``tostring``, which prints numbers with 14 significant digits: ``10**14`` comes back as
+``1e+14``, and a job with such a header would be lost to the parser."""
+
+
+def check_int(name: str, value: object, lo: int, hi: int = MAX_HEADER_INT) -> int:
+    """``value`` if it is an ``int`` (not a ``bool``) in ``lo..hi``; else a ``TypeError``
+    or ``ValueError`` naming ``name`` and the value."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be in {lo}..{hi}, got {value!r}")
+    return int(value)
 
 
 def header(priority: int, max_attempts: int) -> bytes:
-    """The header prefix shared by every fresh job of one enqueue call (id follows)."""
-    return b"%d:0:%d:" % (priority, max_attempts)
+    """The header prefix shared by every fresh job of one enqueue call (id follows).
+
+    Refuses what the scripts could not route or count: a priority outside 0..9, a
+    ``max_attempts`` below 1 or above ``MAX_HEADER_INT``, a ``bool`` or a non-int."""
+    p = check_int("priority", priority, 0, 9)
+    m = check_int("max_attempts", max_attempts, 1)
+    return b"%d:0:%d:" % (p, m)
 
 
 def encode_body(
     task: str, args: Sequence[Any], kwargs: Mapping[str, Any], enqueued_ms: int,
     due_ms: int | None = None,
 ) -> bytes:
-    """msgpack of the job body; raises ``TypeError`` naming the argument that failed."""
+    """msgpack of the job body; raises ``TypeError`` naming the argument that failed.
+
+    Besides what msgpack refuses, a dict key that would not decode back into a dict key
+    (a tuple comes back as an unhashable list) is refused here, since the worker could
+    only dead-letter the job."""
     try:
         fields = (task, args, kwargs, enqueued_ms) if due_ms is None else \
             (task, args, kwargs, enqueued_ms, due_ms)
         body: bytes = msgpack.packb(fields)
-        return body
     except (TypeError, ValueError, OverflowError) as exc:
         raise _explain(task, args, kwargs, exc) from None
+    # after packb: msgpack refuses nesting deeper than 512, so this walk cannot recurse
+    # past Python's limit
+    for i, value in enumerate(args):
+        if isinstance(value, _CONTAINERS):
+            _check_keys(task, value, f"positional argument {i}")
+    for key, value in kwargs.items():
+        if isinstance(value, _CONTAINERS):
+            _check_keys(task, value, f"keyword argument {key!r}")
+    return body
+
+
+_CONTAINERS = (dict, list, tuple)
+_KEY_TYPES = (str, bytes, int, float, bool, type(None))
+
+
+def _check_keys(task: str, value: Any, where: str) -> None:
+    """Refuse dict keys the worker cannot decode (any type but the scalars msgpack
+    hands back as themselves)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, _KEY_TYPES):
+                raise TypeError(
+                    f"cannot enqueue {task}: {where} has a dict key {k!r} of type "
+                    f"{type(k).__name__}; keys must be str, bytes, int, float, bool or "
+                    "None (a worker could not decode it)")
+            if isinstance(v, _CONTAINERS):
+                _check_keys(task, v, where)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            if isinstance(v, _CONTAINERS):
+                _check_keys(task, v, where)
 
 
 def _explain(

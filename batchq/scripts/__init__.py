@@ -28,7 +28,8 @@ from redis.client import Pipeline as SyncPipeline
 from redis.cluster import ClusterPipeline as SyncClusterPipeline
 from redis.exceptions import NoScriptError
 
-NAMES = ("enqueue", "schedule", "pop", "ack", "nack", "release", "extend", "redrive")
+NAMES = ("enqueue", "schedule", "pop", "ack", "nack", "release", "extend", "redrive",
+         "trim_dead")
 
 _CALLS = "_batchq_calls"
 
