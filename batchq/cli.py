@@ -192,7 +192,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         log.warning("%s", health.reason)
     if not args.processes:
         if args.metrics_port and not args.no_metrics:
-            from .metrics import serve_in_thread
+            from .metrics_http import serve_in_thread
 
             serve_in_thread(app, args.metrics_addr, args.metrics_port)
         try:

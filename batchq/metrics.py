@@ -1,5 +1,5 @@
 """Prometheus metrics: definitions (built in the worker process, never before a fork),
-cheap per-job aggregation, and the /metrics, /healthz, /readyz server.
+cheap per-job aggregation, and the collectors read at scrape time.
 
 Hot path: a worker does not touch prometheus_client per job. It adds to plain dicts
 (``Recorder``) and a flush task moves the sums into the real metrics once a second, so
@@ -14,9 +14,7 @@ children, and a separate metrics process serves every scrape with a fresh regist
 pipelined read per scrape, ``stats.read``, the same reader as ``Queue.stats``) and the
 supervisor's own counts (a small JSON file).
 
-Under a flood of scrapes the server stays answerable: a deep listen backlog, /healthz
-and /readyz never wait for a collection, and concurrent /metrics requests share one
-collection at a time (``SharedScrape``) instead of each doing the work.
+The HTTP server (/metrics, /healthz, /readyz) is in ``metrics_http.py``.
 """
 
 from __future__ import annotations
@@ -27,10 +25,7 @@ import json
 import logging
 import os
 import platform
-import threading
-import time
-from collections.abc import Callable, Iterable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterable, Iterator
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -41,7 +36,7 @@ if TYPE_CHECKING:
     from prometheus_client.registry import Collector
 
 
-class _HasClients(Protocol):
+class HasClients(Protocol):
     """What the metrics need of an app (``App`` is one)."""
 
     @property
@@ -215,7 +210,7 @@ class QueueCollector:
     is not a runnable job is flagged (``batchq_queue_malformed_heads``) while the
     queue's other gauges are still served."""
 
-    def __init__(self, app: _HasClients) -> None:
+    def __init__(self, app: HasClients) -> None:
         self.app = app
 
     def collect(self) -> Iterable[Any]:
@@ -322,10 +317,7 @@ def write_supervisor_state(directory: str, processes: int, restarts: dict[str, i
     os.replace(tmp, path)
 
 
-# --- HTTP server ------------------------------------------------------------------------
-
-
-def build_registry(app: _HasClients, multiproc_dir: str | None) -> Any:
+def build_registry(app: HasClients, multiproc_dir: str | None) -> Any:
     """A registry for one scrape: process metrics (multiprocess-aggregated when a
     directory is given), queue state from Redis, supervisor counts, build info."""
     from prometheus_client import CollectorRegistry
@@ -344,139 +336,3 @@ def build_registry(app: _HasClients, multiproc_dir: str | None) -> Any:
         with contextlib.suppress(ValueError):  # already registered on REGISTRY
             registry.register(c)
     return registry
-
-
-LISTEN_BACKLOG = 1024
-"""Pending connections the kernel keeps for the metrics server (the standard library's
-default of 5 made a probe wait behind a flood of scrapes, for up to a minute)."""
-
-REQUEST_TIMEOUT_S = 10.0
-"""A client that sends nothing for this long is dropped (it holds a thread)."""
-
-
-class SharedScrape:
-    """One collection at a time, shared by every request that waits for it.
-
-    A request is answered with a collection that started after it arrived, so an answer
-    is never older than its request; requests that arrive while a collection runs all
-    take the next one. A flood of N scrapes therefore costs about two collections at a
-    time, not N."""
-
-    def __init__(self, produce: Callable[[], bytes]) -> None:
-        self._produce = produce
-        self._cond = threading.Condition()
-        self._busy = False
-        self._started = 0
-        self._finished = 0
-        self._result: bytes | BaseException = b""
-
-    def get(self) -> bytes:
-        with self._cond:
-            want = self._started + 1  # the first collection to start after now
-            while self._finished < want:
-                if not self._busy:
-                    self._busy = True
-                    self._started += 1
-                    mine = self._started
-                    break
-                self._cond.wait()
-            else:
-                return self._unwrap(self._result)
-        try:
-            result: bytes | BaseException = self._produce()
-        except Exception as exc:
-            result = exc
-        with self._cond:
-            self._finished, self._result, self._busy = mine, result, False
-            self._cond.notify_all()
-        return self._unwrap(result)
-
-    @staticmethod
-    def _unwrap(result: bytes | BaseException) -> bytes:
-        if isinstance(result, BaseException):
-            raise result
-        return result
-
-
-class _Server(ThreadingHTTPServer):
-    request_queue_size = LISTEN_BACKLOG
-    daemon_threads = True
-
-
-def make_server(app: _HasClients, addr: str, port: int, *, multiproc_dir: str | None,
-                parent_pid: int | None) -> ThreadingHTTPServer:
-    """An HTTP server for /metrics, /healthz (the supervisor is alive) and /readyz
-    (Redis answers)."""
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-    single_registry = None if multiproc_dir else build_registry(app, None)
-    scrape = SharedScrape(lambda: generate_latest(
-        single_registry or build_registry(app, multiproc_dir)))
-
-    class Handler(BaseHTTPRequestHandler):
-        timeout = REQUEST_TIMEOUT_S
-
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                try:
-                    body = scrape.get()
-                except Exception as exc:
-                    log.warning("metrics collection failed: %s", exc)
-                    self._reply(500, f"collection failed: {type(exc).__name__}\n".encode())
-                    return
-                self._reply(200, body, CONTENT_TYPE_LATEST)
-            elif path == "/healthz":
-                # no lock, no Redis: a liveness probe never waits behind scrapes
-                alive = parent_pid is None or os.getppid() == parent_pid
-                self._reply(200 if alive else 503, b"ok\n" if alive else b"supervisor gone\n")
-            elif path == "/readyz":
-                try:
-                    app.clients.redis.ping()
-                    self._reply(200, b"ok\n")
-                except Exception as exc:
-                    self._reply(503, f"redis unreachable: {type(exc).__name__}\n".encode())
-            else:
-                self._reply(404, b"not found\n")
-
-        def _reply(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8"
-                   ) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    return _Server((addr, port), Handler)
-
-
-def serve_in_thread(app: _HasClients, addr: str, port: int) -> ThreadingHTTPServer | None:
-    """Single-process mode: serve from a daemon thread of the worker itself."""
-    try:
-        server = make_server(app, addr, port, multiproc_dir=None, parent_pid=None)
-    except OSError as exc:
-        log.warning("metrics server not started on %s:%d: %s", addr, port, exc)
-        return None
-    threading.Thread(target=server.serve_forever, name="batchq-metrics", daemon=True).start()
-    log.info("metrics on http://%s:%d/metrics", addr, server.server_address[1])
-    return server
-
-
-def serve_forever_child(app: _HasClients, addr: str, port: int, multiproc_dir: str,
-                        parent_pid: int) -> int:
-    """Body of the supervisor's metrics process; returns when the supervisor is gone."""
-    try:
-        server = make_server(app, addr, port, multiproc_dir=multiproc_dir,
-                             parent_pid=parent_pid)
-    except OSError as exc:
-        log.error("metrics server cannot listen on %s:%d: %s", addr, port, exc)
-        return 1
-    log.info("metrics on http://%s:%d/metrics", addr, server.server_address[1])
-    threading.Thread(target=server.serve_forever, name="batchq-metrics", daemon=True).start()
-    while os.getppid() == parent_pid:
-        time.sleep(1.0)
-    server.shutdown()
-    return 0

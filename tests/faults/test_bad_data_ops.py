@@ -21,7 +21,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 import batchq
-from batchq import codec, metrics
+from batchq import codec, metrics_http
 from batchq.keys import queues_key
 
 BAD_ID = b"\xff\xfeid"
@@ -81,7 +81,7 @@ def test_metrics_keep_every_queue_gauge_despite_bad_heads_and_names(
     registry = queues_key(app.namespace)
     redis_client.sadd(registry, b"\xff\xfe", b"a{b}", b"x y", b"c:d")
 
-    server = metrics.make_server(app, "127.0.0.1", 0, multiproc_dir=str(tmp_path),
+    server = metrics_http.make_server(app, "127.0.0.1", 0, multiproc_dir=str(tmp_path),
                                  parent_pid=None)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
