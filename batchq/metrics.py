@@ -188,9 +188,10 @@ def _add_to_histogram(child: Any, counts: list[int], total: float) -> None:
         sum_value.inc(total)
         return
     bounds = [float(b) for b in getattr(child, "_upper_bounds", [])]
+    finite = [b for b in bounds if b != float("inf")]
+    above = (finite[-1] * 2 + 1) if finite else 0.0  # any value past the last bound
     for i, n in enumerate(counts):
-        value = bounds[i] if i < len(bounds) and bounds[i] != float("inf") else \
-            (bounds[-2] if len(bounds) > 1 else 0.0)
+        value = finite[i] if i < len(finite) else above
         for _ in range(n):
             child.observe(value)
 
