@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
@@ -75,5 +76,5 @@ def test_build_info_does_not_import_the_package_root() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out and out != "unknown"
-    src = open(metrics.__file__).read()
+    src = Path(metrics.__file__).read_text()
     assert "from . import __version__" not in src
