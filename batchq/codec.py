@@ -171,37 +171,54 @@ def encode_body(
         body: bytes = msgpack.packb(fields)
     except (TypeError, ValueError, OverflowError) as exc:
         raise _explain(task, args, kwargs, exc) from None
-    # after packb: msgpack refuses nesting deeper than 512, so this walk cannot recurse
-    # past Python's limit
-    for i, value in enumerate(args):
-        if isinstance(value, _CONTAINERS):
-            _check_keys(task, value, f"positional argument {i}")
-    for key, value in kwargs.items():
-        if isinstance(value, _CONTAINERS):
-            _check_keys(task, value, f"keyword argument {key!r}")
+    # a key the worker could not decode can only sit in a container argument; scalar
+    # arguments (the common case) cost one isinstance each, and the message is built
+    # only for a refusal
+    for value in args:
+        if isinstance(value, _CONTAINERS) and _bad_key(value) is not _OK:
+            _refuse_keys(task, args, kwargs)
+    if kwargs:
+        for value in kwargs.values():
+            if isinstance(value, _CONTAINERS) and _bad_key(value) is not _OK:
+                _refuse_keys(task, args, kwargs)
     return body
 
 
 _CONTAINERS = (dict, list, tuple)
 _KEY_TYPES = (str, bytes, int, float, bool, type(None))
+_OK = object()
 
 
-def _check_keys(task: str, value: Any, where: str) -> None:
-    """Refuse dict keys the worker cannot decode (any type but the scalars msgpack
-    hands back as themselves)."""
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if not isinstance(k, _KEY_TYPES):
-                raise TypeError(
-                    f"cannot enqueue {task}: {where} has a dict key {k!r} of type "
-                    f"{type(k).__name__}; keys must be str, bytes, int, float, bool or "
-                    "None (a worker could not decode it)")
-            if isinstance(v, _CONTAINERS):
-                _check_keys(task, v, where)
-    elif isinstance(value, list | tuple):
-        for v in value:
-            if isinstance(v, _CONTAINERS):
-                _check_keys(task, v, where)
+def _bad_key(value: Any) -> Any:
+    """The first dict key in ``value`` that a worker could not decode (any type but the
+    scalars msgpack hands back as themselves: a tuple comes back as an unhashable list),
+    or ``_OK``. Iterative, and run after packb, which refuses nesting deeper than 512."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            for k, x in v.items():
+                if type(k) is not str and not isinstance(k, _KEY_TYPES):
+                    return k
+                if isinstance(x, _CONTAINERS):
+                    stack.append(x)
+        else:
+            for x in v:
+                if isinstance(x, _CONTAINERS):
+                    stack.append(x)
+    return _OK
+
+
+def _refuse_keys(task: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """Raise the ``TypeError`` naming the argument that holds the bad key."""
+    named = [(f"positional argument {i}", v) for i, v in enumerate(args)]
+    named += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
+    for where, value in named:
+        if isinstance(value, _CONTAINERS) and (k := _bad_key(value)) is not _OK:
+            raise TypeError(
+                f"cannot enqueue {task}: {where} has a dict key {k!r} of type "
+                f"{type(k).__name__}; keys must be str, bytes, int, float, bool or None "
+                "(a worker could not decode it)")
 
 
 def _explain(
