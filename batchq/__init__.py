@@ -6,7 +6,7 @@ from .app import App, Task, TaskCall, TaskConfig
 from .codec import Job
 from .errors import BatchqError, EnqueueError, PayloadTooLarge, Retry
 from .producer import Call, call
-from .queue import DeadJob, Queue, QueueStats
+from .queue import DeadJob, DeadRetention, Queue, QueueStats
 from .worker import JobFailed, Worker, WorkerSettings, run_worker
 
 __version__ = "0.1.0"
@@ -16,6 +16,7 @@ __all__ = [
     "BatchqError",
     "Call",
     "DeadJob",
+    "DeadRetention",
     "EnqueueError",
     "Job",
     "JobFailed",
