@@ -15,7 +15,7 @@ from .errors import (
 from .lock import Lock
 from .periodic import Schedule, periodic_status, run_scheduler
 from .producer import Call, call
-from .queue import DeadJob, Queue, QueueStats
+from .queue import DeadJob, DeadRetention, Queue, QueueStats
 from .worker import JobFailed, Worker, WorkerSettings, run_worker
 
 __version__ = "0.1.0"
@@ -25,6 +25,7 @@ __all__ = [
     "BatchqError",
     "Call",
     "DeadJob",
+    "DeadRetention",
     "EnqueueError",
     "Job",
     "JobFailed",

@@ -1,35 +1,33 @@
-"""``App``: the task registry, the ``@app.task`` decorator and per-process clients.
+"""``App``: the task registry and the ``@app.task`` decorator; where a job starts.
 
-An ``App`` holds plain settings only until a client is asked for; clients (sync, and one
-asyncio client per event loop) are created lazily and re-created after a fork, so the
-supervisor can import the app and fork workers safely.
+A job's way begins here: ``task.enqueue(...)`` resolves the task's settings and options
+into a plan (``producer.plan``) and hands it, with the app's ``Clients``, to the
+producer. The per-process clients themselves live in ``clients.py``: an ``App`` holds
+plain settings only until a client is asked for, and clients are re-created after a
+fork, so the supervisor can import the app and fork workers safely.
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
-import os
-import threading
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 import redis
-import redis.asyncio
 from redis.asyncio import Redis as AsyncRedis
 
-from . import producer
+from . import codec, producer
+from .clients import Clients
 from .codec import Job
 from .connection import RedisSettings, redact, resolve_url
-from .keys import MAX_PRIORITY, QueueKeys, queues_key
+from .keys import MAX_PRIORITY, QueueKeys
 from .lock import Lock
 from .producer import EnqueueOptions
+from .queue import DeadRetention, Queue
 from .scripts import AsyncScripts, SyncScripts
-
-if TYPE_CHECKING:
-    from .queue import Queue
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -51,16 +49,31 @@ class TaskConfig:
     retry_backoff_max_s: float = 300.0
 
     def __post_init__(self) -> None:
-        if not 0 <= self.priority <= MAX_PRIORITY:
-            raise ValueError(f"priority must be 0..{MAX_PRIORITY}, got {self.priority}")
-        if self.max_attempts < 1:
-            raise ValueError("max_attempts must be at least 1")
-        if self.batch_size is not None and not 1 <= self.batch_size <= 1000:
-            raise ValueError("batch_size must be 1..1000")
-        if self.timeout_s is not None and self.timeout_s <= 0:
-            raise ValueError("timeout_s must be positive")
+        # every check names the setting: a wrong value must never reach the worker
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"task name must be a non-empty str, got {self.name!r}")
         if ":" in self.name:
             raise ValueError(f"task name {self.name!r} must not contain ':'")
+        if not isinstance(self.queue, str):
+            raise TypeError(f"queue must be a str, got {type(self.queue).__name__} "
+                            f"{self.queue!r}")
+        codec.check_int("priority", self.priority, 0, MAX_PRIORITY)
+        codec.check_int("max_attempts", self.max_attempts, 1)
+        if self.batch_size is not None:
+            codec.check_int("batch_size", self.batch_size, 1, 1000)
+        if self.timeout_s is not None:
+            _positive("timeout_s", self.timeout_s)
+        _positive("retry_backoff_s", self.retry_backoff_s, zero_ok=True)
+        _positive("retry_backoff_max_s", self.retry_backoff_max_s, zero_ok=True)
+
+
+def _positive(name: str, value: object, *, zero_ok: bool = False) -> None:
+    """A finite number > 0 (>= 0 with ``zero_ok``), or an error naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+        raise ValueError(f"{name} must be a finite number {'>=' if zero_ok else '>'} 0, "
+                         f"got {value!r}")
 
 
 class _Enqueuer:
@@ -73,9 +86,9 @@ class _Enqueuer:
         t, o = self._task, self._opts
         c = t.config
         return producer.plan(
-            t.app,
+            t.app.clients,
             c.name,
-            o.queue or c.queue,
+            c.queue if o.queue is None else o.queue,
             c.priority if o.priority is None else o.priority,
             c.max_attempts if o.max_attempts is None else o.max_attempts,
             o.delay_s,
@@ -84,7 +97,7 @@ class _Enqueuer:
 
     def enqueue(self, *args: Any, **kwargs: Any) -> str:
         """Write one job; returns its id once Redis has it."""
-        return producer.enqueue(self._task.app, self._plan(), args, kwargs)
+        return producer.enqueue(self._task.app.clients, self._plan(), args, kwargs)
 
     def enqueue_many(self, items: Iterable[Any]) -> list[str]:
         """Write many jobs, streamed in pipelined chunks; returns their ids in order.
@@ -92,15 +105,15 @@ class _Enqueuer:
         Each item is a tuple or list of positional arguments, a dict of keyword
         arguments, a ``batchq.call(*args, **kwargs)``, or else one positional argument.
         """
-        return producer.enqueue_many(self._task.app, self._plan(), items)
+        return producer.enqueue_many(self._task.app.clients, self._plan(), items)
 
     async def aenqueue(self, *args: Any, **kwargs: Any) -> str:
         """``enqueue`` for asyncio code."""
-        return await producer.aenqueue(self._task.app, self._plan(), args, kwargs)
+        return await producer.aenqueue(self._task.app.clients, self._plan(), args, kwargs)
 
     async def aenqueue_many(self, items: Iterable[Any]) -> list[str]:
         """``enqueue_many`` for asyncio code."""
-        return await producer.aenqueue_many(self._task.app, self._plan(), items)
+        return await producer.aenqueue_many(self._task.app.clients, self._plan(), items)
 
     def options(
         self,
@@ -160,6 +173,9 @@ class App:
 
     ``redis_url``: ``None`` means ``$BATCHQ_REDIS_URL``, else ``redis://127.0.0.1:6379/0``.
     ``namespace`` prefixes every key, so several apps can share one Redis.
+    ``dead_max_age_s`` / ``dead_max_count``: retention of each queue's dead-letter store
+    (``None``: ``$BATCHQ_DEAD_MAX_AGE_S`` / ``$BATCHQ_DEAD_MAX_COUNT``, else 7 days and
+    100,000 jobs; 0 turns that limit off), applied by ``Queue.trim_dead``.
     """
 
     def __init__(
@@ -168,28 +184,43 @@ class App:
         namespace: str = "batchq",
         *,
         max_payload_bytes: int = 1 << 20,
+        dead_max_age_s: float | None = None,
+        dead_max_count: int | None = None,
     ) -> None:
-        if not namespace or any(c in namespace for c in "{}: \t\r\n"):
+        if not isinstance(namespace, str) or not namespace or \
+                any(c in namespace for c in "{}: \t\r\n"):
             raise ValueError(f"invalid namespace {namespace!r}")
-        self.redis_settings = RedisSettings(resolve_url(redis_url))
+        if type(max_payload_bytes) is not int or max_payload_bytes < 1:
+            raise ValueError(f"max_payload_bytes must be a positive int, got "
+                             f"{max_payload_bytes!r}")
+        self.clients = Clients(RedisSettings(resolve_url(redis_url)), namespace,
+                               max_payload_bytes)
         self.namespace = namespace
-        self.max_payload_bytes = max_payload_bytes
+        self.dead_retention = DeadRetention.resolve(dead_max_age_s, dead_max_count)
         self.tasks: dict[str, Task[..., Any]] = {}
-        self._keys: dict[str, QueueKeys] = {}
-        self._pid = -1
-        self._sync: redis.Redis | None = None
-        self._sync_scripts: SyncScripts | None = None
-        self._async: dict[asyncio.AbstractEventLoop, tuple[AsyncRedis, AsyncScripts]] = {}
-        self._registered: set[str] = set()
-        self._coalescers: dict[asyncio.AbstractEventLoop, producer.Coalescer] = {}
-        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"App(redis_url={redact(self.redis_url)!r}, namespace={self.namespace!r})"
 
     @property
     def redis_url(self) -> str:
-        return self.redis_settings.url
+        return self.clients.settings.url
+
+    @property
+    def redis_settings(self) -> RedisSettings:
+        return self.clients.settings
+
+    @redis_settings.setter
+    def redis_settings(self, value: RedisSettings) -> None:
+        self.clients.settings = value
+
+    @property
+    def max_payload_bytes(self) -> int:
+        return self.clients.max_payload_bytes
+
+    @max_payload_bytes.setter
+    def max_payload_bytes(self, value: int) -> None:
+        self.clients.max_payload_bytes = value
 
     # --- tasks -----------------------------------------------------------------------
 
@@ -253,97 +284,48 @@ class App:
 
     def queue(self, name: str = DEFAULT_QUEUE) -> Queue:
         """Inspection and dead-letter operations on one queue."""
-        from .queue import Queue
-
         return Queue(self, name)
 
     def keys(self, queue: str) -> QueueKeys:
-        k = self._keys.get(queue)
-        if k is None:
-            k = self._keys[queue] = QueueKeys(self.namespace, queue)
-        return k
+        """The key names of ``queue`` (validates the name)."""
+        return self.clients.keys(queue)
 
-    # --- clients ---------------------------------------------------------------------
-
-    def _check_fork(self) -> None:
-        if self._pid != os.getpid():
-            # a forked child: never touch the parent's sockets
-            self._pid = os.getpid()
-            self._sync = None
-            self._sync_scripts = None
-            self._async = {}
-            self._coalescers = {}
-            self._registered = set()
+    # --- clients (kept for callers of 0.1; they live in ``self.clients``) -------------
 
     @property
     def redis(self) -> redis.Redis:
         """The synchronous client of this process."""
-        self._check_fork()
-        if self._sync is None:
-            with self._lock:
-                if self._sync is None:
-                    self._sync = self.redis_settings.sync_client()
-        return self._sync
+        return self.clients.redis
 
     @property
     def sync_scripts(self) -> SyncScripts:
-        if self._sync_scripts is None or self._pid != os.getpid():
-            self._sync_scripts = SyncScripts(self.redis)
-        return self._sync_scripts
-
-    def _async_pair(self) -> tuple[AsyncRedis, AsyncScripts]:
-        self._check_fork()
-        loop = asyncio.get_running_loop()
-        pair = self._async.get(loop)
-        if pair is None:
-            for old in [lp for lp in self._async if lp.is_closed()]:
-                del self._async[old]
-            client = self.redis_settings.async_client()
-            pair = self._async[loop] = (client, AsyncScripts(client))
-        return pair
-
-    def coalescer(self) -> producer.Coalescer:
-        """The ``aenqueue`` coalescer of the running event loop."""
-        self._check_fork()
-        loop = asyncio.get_running_loop()
-        c = self._coalescers.get(loop)
-        if c is None:
-            for old in [lp for lp in self._coalescers if lp.is_closed()]:
-                del self._coalescers[old]
-            c = self._coalescers[loop] = producer.Coalescer()
-        return c
+        return self.clients.sync_scripts
 
     def async_redis(self) -> AsyncRedis:
         """The asyncio client of the running event loop (one per loop)."""
-        return self._async_pair()[0]
+        return self.clients.async_redis()
 
     def async_scripts(self) -> AsyncScripts:
-        return self._async_pair()[1]
+        return self.clients.async_scripts()
+
+    def coalescer(self) -> producer.Coalescer:
+        """The ``aenqueue`` coalescer of the running event loop."""
+        return producer.coalescer(self.clients)
 
     def register_queue(self, queue: str) -> None:
         """Record the queue name in the namespace's registry (once per process)."""
-        self._check_fork()
-        if queue not in self._registered:
-            self.redis.sadd(queues_key(self.namespace), queue)
-            self._registered.add(queue)
+        self.clients.register_queue(queue)
 
     async def aregister_queue(self, queue: str) -> None:
-        self._check_fork()
-        if queue not in self._registered:
-            await self.async_redis().sadd(queues_key(self.namespace), queue)
-            self._registered.add(queue)
+        await self.clients.aregister_queue(queue)
 
     def close(self) -> None:
         """Close the synchronous client (asyncio clients close with ``aclose``)."""
-        if self._sync is not None:
-            self._sync.close()
-            self._sync = None
+        self.clients.close()
 
     async def aclose(self) -> None:
         """Close the asyncio client of the running loop."""
-        pair = self._async.pop(asyncio.get_running_loop(), None)
-        if pair is not None:
-            await pair[0].aclose()
+        await self.clients.aclose()
 
     # --- locks and periodic jobs (batchq/lock.py, batchq/periodic.py) ------------------
 

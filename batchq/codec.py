@@ -19,8 +19,10 @@ from typing import Any
 import msgpack
 
 __all__ = [
+    "MAX_HEADER_INT",
     "DecodeError",
     "Job",
+    "check_int",
     "decode_dead_record",
     "decode_entry",
     "encode_body",
@@ -128,25 +130,95 @@ def new_id() -> str:
 
 # --- entries ---------------------------------------------------------------------------
 
+MAX_HEADER_INT = 10**14 - 1
+"""The largest number a header may carry. The scripts rebuild headers with Lua's
+``tostring``, which prints numbers with 14 significant digits: ``10**14`` comes back as
+``1e+14``, and a job with such a header would be lost to the parser."""
+
+
+def check_int(name: str, value: object, lo: int, hi: int = MAX_HEADER_INT) -> int:
+    """``value`` if it is an ``int`` (not a ``bool``) in ``lo..hi``; else a ``TypeError``
+    or ``ValueError`` naming ``name`` and the value."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be in {lo}..{hi}, got {value!r}")
+    return int(value)
 
 
 def header(priority: int, max_attempts: int) -> bytes:
-    """The header prefix shared by every fresh job of one enqueue call (id follows)."""
-    return b"%d:0:%d:" % (priority, max_attempts)
+    """The header prefix shared by every fresh job of one enqueue call (id follows).
+
+    Refuses what the scripts could not route or count: a priority outside 0..9, a
+    ``max_attempts`` below 1 or above ``MAX_HEADER_INT``, a ``bool`` or a non-int."""
+    p = check_int("priority", priority, 0, 9)
+    m = check_int("max_attempts", max_attempts, 1)
+    return b"%d:0:%d:" % (p, m)
 
 
 def encode_body(
     task: str, args: Sequence[Any], kwargs: Mapping[str, Any], enqueued_ms: int,
     due_ms: int | None = None,
 ) -> bytes:
-    """msgpack of the job body; raises ``TypeError`` naming the argument that failed."""
+    """msgpack of the job body; raises ``TypeError`` naming the argument that failed.
+
+    Besides what msgpack refuses, a dict key that would not decode back into a dict key
+    (a tuple comes back as an unhashable list) is refused here, since the worker could
+    only dead-letter the job."""
     try:
         fields = (task, args, kwargs, enqueued_ms) if due_ms is None else \
             (task, args, kwargs, enqueued_ms, due_ms)
         body: bytes = msgpack.packb(fields)
-        return body
     except (TypeError, ValueError, OverflowError) as exc:
         raise _explain(task, args, kwargs, exc) from None
+    # a key the worker could not decode can only sit in a container argument; scalar
+    # arguments (the common case) cost one isinstance each, and the message is built
+    # only for a refusal
+    for value in args:
+        if isinstance(value, _CONTAINERS) and _bad_key(value) is not _OK:
+            _refuse_keys(task, args, kwargs)
+    if kwargs:
+        for value in kwargs.values():
+            if isinstance(value, _CONTAINERS) and _bad_key(value) is not _OK:
+                _refuse_keys(task, args, kwargs)
+    return body
+
+
+_CONTAINERS = (dict, list, tuple)
+_KEY_TYPES = (str, bytes, int, float, bool, type(None))
+_OK = object()
+
+
+def _bad_key(value: Any) -> Any:
+    """The first dict key in ``value`` that a worker could not decode (any type but the
+    scalars msgpack hands back as themselves: a tuple comes back as an unhashable list),
+    or ``_OK``. Iterative, and run after packb, which refuses nesting deeper than 512."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            for k, x in v.items():
+                if type(k) is not str and not isinstance(k, _KEY_TYPES):
+                    return k
+                if isinstance(x, _CONTAINERS):
+                    stack.append(x)
+        else:
+            for x in v:
+                if isinstance(x, _CONTAINERS):
+                    stack.append(x)
+    return _OK
+
+
+def _refuse_keys(task: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """Raise the ``TypeError`` naming the argument that holds the bad key."""
+    named = [(f"positional argument {i}", v) for i, v in enumerate(args)]
+    named += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
+    for where, value in named:
+        if isinstance(value, _CONTAINERS) and (k := _bad_key(value)) is not _OK:
+            raise TypeError(
+                f"cannot enqueue {task}: {where} has a dict key {k!r} of type "
+                f"{type(k).__name__}; keys must be str, bytes, int, float, bool or None "
+                "(a worker could not decode it)")
 
 
 def _explain(

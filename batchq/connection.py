@@ -82,14 +82,52 @@ def redact(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+URL_SCHEMES = ("redis", "rediss", "unix", *CLUSTER_SCHEMES)
+
+
+def check_url(url: object) -> str:
+    """``url`` if it is a Redis URL batchq can use; else a ``ValueError`` that quotes it
+    (password redacted) and says what is wrong. No connection is made."""
+    if not isinstance(url, str) or not url:
+        raise ValueError(f"invalid Redis URL {url!r}: expected a string such as "
+                         f"{DEFAULT_URL}")
+    try:
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower()
+        if scheme not in URL_SCHEMES:
+            raise ValueError(f"the scheme must be one of {', '.join(URL_SCHEMES)}")
+        if scheme == "unix":
+            if not parts.path:
+                raise ValueError("a unix socket URL needs a path")
+        else:
+            if not parts.hostname:
+                raise ValueError("no host")
+            _ = parts.port  # raises ValueError for a port that is not 0..65535
+            db = parts.path.strip("/")
+            if db and not db.isdigit():
+                raise ValueError(f"the path must be a database number, got {parts.path!r}")
+            if scheme in CLUSTER_SCHEMES and db not in ("", "0"):
+                raise ValueError("Redis Cluster has only database 0")
+        for key, value in parse_qsl(parts.query, keep_blank_values=True):
+            if key == "db" and not value.isdigit():
+                raise ValueError(f"db must be a number, got {value!r}")
+    except ValueError as exc:
+        raise ValueError(f"invalid Redis URL {redact(url)!r}: {exc}") from None
+    return url
+
+
 @dataclass(frozen=True)
 class RedisSettings:
-    """How to reach Redis. ``repr`` never shows the password."""
+    """How to reach Redis. ``repr`` never shows the password. A malformed URL is a
+    ``ValueError`` here, not a traceback from the first command."""
 
     url: str
     socket_timeout_s: float = 15.0
     connect_timeout_s: float = 5.0
     health_check_interval_s: int = 10
+
+    def __post_init__(self) -> None:
+        check_url(self.url)
 
     def __repr__(self) -> str:
         return f"RedisSettings(url={redact(self.url)!r})"

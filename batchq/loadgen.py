@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -221,6 +221,54 @@ PRECISE_S = 0.0015
 """The last part of a wait before a send, slept with ``time.sleep`` for precision."""
 
 
+@dataclass(frozen=True)
+class _Wait:
+    gap_s: float
+    """Until the next job's intended time (0 or less: due now)."""
+
+
+@dataclass(frozen=True)
+class _Send:
+    intended: list[float]
+    sent_at: float
+
+
+def _schedule(st: LoadState, clock: Callable[[], float], max_batch: int
+              ) -> Generator[_Wait | _Send, BaseException | None, None]:
+    """The open-loop schedule without I/O: yields what to do next (wait, or send these
+    jobs) and takes back the send's exception (None when it went through). Both shells,
+    ``open_loop`` and ``aopen_loop``, drive it."""
+    while st.sent + st.errors < st.total:
+        now = clock()
+        n = _due(st, now, max_batch)
+        if n == 0:
+            yield _Wait(st.intended_s(st.sent + st.errors) - now)
+            continue
+        first = st.sent + st.errors
+        intended = [st.intended_s(i) for i in range(first, first + n)]
+        exc = yield _Send(intended, now)
+        _account(st, intended, now, exc)
+    st.finished = True
+
+
+def _step(steps: Generator[_Wait | _Send, BaseException | None, None],
+          result: BaseException | None) -> _Wait | _Send | None:
+    """The next step after a send's ``result`` (None at the end of the schedule)."""
+    try:
+        return steps.send(result)
+    except StopIteration:
+        return None
+
+
+def _start(rate: float, duration_s: float, lead_s: float, state: LoadState | None,
+           clock: Callable[[], float]) -> LoadState:
+    st = _plan(rate, duration_s, lead_s, clock)
+    if state is not None:
+        state.__dict__.update(st.__dict__)
+        st = state
+    return st
+
+
 async def aopen_loop(
     send: Callable[[list[float], float], Awaitable[object]],
     rate: float,
@@ -239,34 +287,27 @@ async def aopen_loop(
     send that raises counts its jobs as errors; the schedule goes on. Pass ``state``
     (from ``LoadState``-creating code) to read progress live.
     """
-    st = _plan(rate, duration_s, lead_s, clock)
-    if state is not None:
-        state.__dict__.update(st.__dict__)
-        st = state
+    st = _start(rate, duration_s, lead_s, state, clock)
     # below ~1,000 jobs/s a send is rare enough to block the loop for its last stretch
     precise = rate <= 1000
-    while st.sent + st.errors < st.total:
-        now = clock()
-        n = _due(st, now, max_batch)
-        if n == 0:
-            gap = st.intended_s(st.sent + st.errors) - now
-            if gap > PRECISE_S:
+    steps = _schedule(st, clock, max_batch)
+    step = _step(steps, None)
+    while step is not None:
+        result: BaseException | None = None
+        if isinstance(step, _Wait):
+            if step.gap_s > PRECISE_S:
                 # event-loop timers are coarse (libuv: 1 ms); sleep most of the gap there
-                await asyncio.sleep(gap - PRECISE_S)
-            elif gap > 0 and precise:
-                time.sleep(gap)  # the last stretch at the kernel's timer resolution
+                await asyncio.sleep(step.gap_s - PRECISE_S)
+            elif step.gap_s > 0 and precise:
+                time.sleep(step.gap_s)  # the last stretch at the kernel's timer resolution
             else:
                 await asyncio.sleep(0)
-            continue
-        first = st.sent + st.errors
-        intended = [st.intended_s(i) for i in range(first, first + n)]
-        try:
-            await send(intended, now)
-        except Exception as exc:
-            _account(st, intended, now, exc)
         else:
-            _account(st, intended, now, None)
-    st.finished = True
+            try:
+                await send(step.intended, step.sent_at)
+            except Exception as exc:
+                result = exc
+        step = _step(steps, result)
     return st
 
 
@@ -281,23 +322,17 @@ def open_loop(
     clock: Callable[[], float] = time.time,
 ) -> LoadState:
     """``aopen_loop`` for a blocking ``send`` (same schedule, same accounting)."""
-    st = _plan(rate, duration_s, lead_s, clock)
-    if state is not None:
-        state.__dict__.update(st.__dict__)
-        st = state
-    while st.sent + st.errors < st.total:
-        now = clock()
-        n = _due(st, now, max_batch)
-        if n == 0:
-            time.sleep(max(0.0, st.intended_s(st.sent + st.errors) - now))
-            continue
-        first = st.sent + st.errors
-        intended = [st.intended_s(i) for i in range(first, first + n)]
-        try:
-            send(intended, now)
-        except Exception as exc:
-            _account(st, intended, now, exc)
+    st = _start(rate, duration_s, lead_s, state, clock)
+    steps = _schedule(st, clock, max_batch)
+    step = _step(steps, None)
+    while step is not None:
+        result: BaseException | None = None
+        if isinstance(step, _Wait):
+            time.sleep(max(0.0, step.gap_s))
         else:
-            _account(st, intended, now, None)
-    st.finished = True
+            try:
+                send(step.intended, step.sent_at)
+            except Exception as exc:
+                result = exc
+        step = _step(steps, result)
     return st

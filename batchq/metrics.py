@@ -1,5 +1,5 @@
 """Prometheus metrics: definitions (built in the worker process, never before a fork),
-cheap per-job aggregation, and the /metrics, /healthz, /readyz server.
+cheap per-job aggregation, and the collectors read at scrape time.
 
 Hot path: a worker does not touch prometheus_client per job. It adds to plain dicts
 (``Recorder``) and a flush task moves the sums into the real metrics once a second, so
@@ -11,7 +11,10 @@ Under the supervisor the metrics use prometheus_client's multiprocess mode: the 
 child writes its own files, the supervisor calls ``mark_process_dead`` for exited
 children, and a separate metrics process serves every scrape with a fresh registry
 (``MultiProcessCollector``) plus collectors that read queue depths from Redis (one
-pipelined read per scrape) and the supervisor's own counts (a small JSON file).
+pipelined read per scrape, ``stats.read``, the same reader as ``Queue.stats``) and the
+supervisor's own counts (a small JSON file).
+
+The HTTP server (/metrics, /healthz, /readyz) is in ``metrics_http.py``.
 """
 
 from __future__ import annotations
@@ -22,16 +25,25 @@ import json
 import logging
 import os
 import platform
-import threading
-import time
 from collections.abc import Iterable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from importlib import metadata
+from typing import TYPE_CHECKING, Any, Protocol
+
+from . import stats
+from .clients import Clients
 
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
 
-    from .app import App
+
+class HasClients(Protocol):
+    """What the metrics need of an app (``App`` is one)."""
+
+    @property
+    def clients(self) -> Clients: ...
+
+    @property
+    def namespace(self) -> str: ...
 
 log = logging.getLogger("batchq.metrics")
 
@@ -125,6 +137,11 @@ class Recorder:
             for reason in ("failed", "timeout"):
                 self._c_failed.labels(q, t, reason)
                 self._c_dead.labels(q, t, reason)
+        # per queue: a dashboard panel over these shows 0, not "No data", until the
+        # first redelivery or stale ack
+        for q in dict.fromkeys(q for q, _ in pairs):
+            self._c_redelivered.labels(q)
+            self._c_stale.labels(q)
 
     def set_concurrency(self, n: int) -> None:
         self._g_concurrency.set(n)
@@ -154,11 +171,29 @@ class Recorder:
 
 
 def _add_to_histogram(child: Any, counts: list[int], total: float) -> None:
-    """Add pre-aggregated observations to a prometheus_client histogram child."""
-    for bucket, n in zip(child._buckets, counts, strict=True):
-        if n:
-            bucket.inc(n)
-    child._sum.inc(total)
+    """Add pre-aggregated observations to a prometheus_client histogram child.
+
+    prometheus_client has no public bulk add, so this increments the child's bucket and
+    sum values (``_buckets``, ``_sum``: the values ``observe`` itself increments). The
+    dependency range in pyproject is pinned to the versions known to have them, and
+    ``tests/unit/test_metrics.py`` checks the result against ``observe``. Should they
+    ever be missing, every observation is replayed through ``observe`` at its bucket's
+    upper bound instead (counts exact, sum approximate), rather than crash a worker."""
+    buckets = getattr(child, "_buckets", None)
+    sum_value = getattr(child, "_sum", None)
+    if isinstance(buckets, list) and len(buckets) == len(counts) and sum_value is not None:
+        for bucket, n in zip(buckets, counts, strict=True):
+            if n:
+                bucket.inc(n)
+        sum_value.inc(total)
+        return
+    bounds = [float(b) for b in getattr(child, "_upper_bounds", [])]
+    finite = [b for b in bounds if b != float("inf")]
+    above = (finite[-1] * 2 + 1) if finite else 0.0  # any value past the last bound
+    for i, n in enumerate(counts):
+        value = finite[i] if i < len(finite) else above
+        for _ in range(n):
+            child.observe(value)
 
 
 def bump(d: dict[Any, int], key: Any, n: int = 1) -> None:
@@ -169,16 +204,18 @@ def bump(d: dict[Any, int], key: Any, n: int = 1) -> None:
 
 
 class QueueCollector:
-    """Queue depths, ages and enqueue counts, read from Redis once per scrape."""
+    """Queue depths, ages and enqueue counts, read from Redis once per scrape.
 
-    def __init__(self, app: App) -> None:
+    Never drops a scrape over data: a malformed name in the registry of queues is
+    skipped and counted (``batchq_queue_names_malformed``), and a ready list whose head
+    is not a runnable job is flagged (``batchq_queue_malformed_heads``) while the
+    queue's other gauges are still served."""
+
+    def __init__(self, app: HasClients) -> None:
         self.app = app
 
     def collect(self) -> Iterable[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        from . import codec
-        from .keys import queues_key
 
         jobs = GaugeMetricFamily("batchq_queue_jobs", "Jobs by state", labels=["queue", "state"])
         age = GaugeMetricFamily("batchq_queue_oldest_job_age_seconds",
@@ -188,6 +225,12 @@ class QueueCollector:
                                 labels=["queue"])
         paused = GaugeMetricFamily("batchq_queue_paused", "1 while the queue is paused",
                                    labels=["queue"])
+        malformed = GaugeMetricFamily(
+            "batchq_queue_malformed_heads", "Ready lists whose head entry is not a runnable "
+            "job (a worker dead-letters it as decode_error)", labels=["queue"])
+        bad_names = GaugeMetricFamily(
+            "batchq_queue_names_malformed", "Names in the registry of queues that are not "
+            "usable queue names (skipped)")
         enq = CounterMetricFamily("batchq_jobs_enqueued", "Jobs written to the queue "
                                   "(enqueue, schedule, redrive)", labels=["queue"])
         done = CounterMetricFamily(
@@ -195,62 +238,34 @@ class QueueCollector:
             "themselves: exact even when workers are killed (their own counters lose what "
             "they had not published yet)", labels=["queue", "outcome"])
         up = GaugeMetricFamily("batchq_redis_up", "1 if the scrape could read Redis")
-        r = self.app.redis
+        c = self.app.clients
         try:
-            names = sorted(n.decode() if isinstance(n, bytes) else str(n)
-                           for n in r.smembers(queues_key(self.app.namespace)))
-            pipe = r.pipeline(transaction=False)
-            # TIME by name: a cluster pipeline refuses pipe.time()
-            pipe.execute_command("TIME")  # type: ignore[no-untyped-call]
-            for name in names:
-                k = self.app.keys(name)
-                for key in k.ready:
-                    pipe.llen(key)
-                for key in k.ready:
-                    pipe.lindex(key, 0)
-                pipe.zcard(k.delayed)
-                pipe.zcard(k.reserved)
-                pipe.zcard(k.dead)
-                pipe.exists(k.paused)
-                pipe.zrange(k.delayed, 0, 0, withscores=True)
-                pipe.hmget(k.stats, ["enqueued", "succeeded", "dead", "retried"])
-            res = pipe.execute()
+            names, bad = stats.registered_queues(c.redis, self.app.namespace)
+            snaps = stats.read(c.redis, [c.keys(n) for n in names])
         except Exception as exc:  # a scrape must answer even when Redis does not
             log.warning("cannot read queue metrics from Redis: %s", exc)
             up.add_metric([], 0)
             yield up
             return
+        if bad:
+            log.warning("skipping %d malformed name(s) in the registry of queues: %s",
+                        len(bad), ", ".join(repr(b) for b in bad[:5]))
         up.add_metric([], 1)
-        sec, usec = res[0]
-        now_s = int(sec) + int(usec) / 1e6
-        i = 1
-        for name in names:
-            lens = res[i : i + 10]
-            heads = res[i + 10 : i + 20]
-            delayed, reserved, dead, is_paused, first_due, counts = res[i + 20 : i + 26]
-            enqueued, n_ok, n_dead, n_retried = counts
-            i += 26
-            jobs.add_metric([name, "ready"], sum(lens))
-            jobs.add_metric([name, "delayed"], delayed)
-            jobs.add_metric([name, "reserved"], reserved)
-            jobs.add_metric([name, "dead"], dead)
-            oldest = 0.0
-            for head in heads:
-                if head:
-                    with contextlib.suppress(codec.DecodeError):
-                        ready_ms = codec.decode_entry(head, name).ready_ms
-                        oldest = max(oldest, now_s - ready_ms / 1000)
-            age.add_metric([name], oldest)
-            due_lag = 0.0
-            if first_due:
-                due_lag = max(0.0, now_s - float(first_due[0][1]) / 1000)
-            lag.add_metric([name], due_lag)
-            paused.add_metric([name], 1 if is_paused else 0)
-            enq.add_metric([name], int(enqueued or 0))
-            done.add_metric([name, "succeeded"], int(n_ok or 0))
-            done.add_metric([name, "dead"], int(n_dead or 0))
-            done.add_metric([name, "retried"], int(n_retried or 0))
-        yield from (jobs, age, lag, paused, enq, done, up)
+        bad_names.add_metric([], len(bad))
+        for snap in snaps:
+            name, st = snap.name, snap.stats
+            jobs.add_metric([name, "ready"], st.ready)
+            jobs.add_metric([name, "delayed"], st.delayed)
+            jobs.add_metric([name, "reserved"], st.reserved)
+            jobs.add_metric([name, "dead"], st.dead)
+            age.add_metric([name], st.oldest_age_s)
+            lag.add_metric([name], snap.delayed_lag_s)
+            paused.add_metric([name], 1 if st.paused else 0)
+            malformed.add_metric([name], len(st.malformed_heads))
+            enq.add_metric([name], snap.outcomes["enqueued"])
+            for outcome in ("succeeded", "dead", "retried"):
+                done.add_metric([name, outcome], snap.outcomes[outcome])
+        yield from (jobs, age, lag, paused, malformed, enq, done, bad_names, up)
 
 
 class SupervisorCollector:
@@ -277,14 +292,20 @@ class SupervisorCollector:
         yield restarts
 
 
+def _version() -> str:
+    """The installed distribution's version (no import of the package root)."""
+    try:
+        return metadata.version("batchq")
+    except metadata.PackageNotFoundError:  # run from a checkout without installing
+        return "unknown"
+
+
 class BuildInfoCollector:
     def collect(self) -> Iterable[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        from . import __version__
-
         g = GaugeMetricFamily("batchq_build_info", "batchq build", labels=["version", "python"])
-        g.add_metric([__version__, platform.python_version()], 1)
+        g.add_metric([_version(), platform.python_version()], 1)
         yield g
 
 
@@ -297,10 +318,7 @@ def write_supervisor_state(directory: str, processes: int, restarts: dict[str, i
     os.replace(tmp, path)
 
 
-# --- HTTP server ------------------------------------------------------------------------
-
-
-def build_registry(app: App, multiproc_dir: str | None) -> Any:
+def build_registry(app: HasClients, multiproc_dir: str | None) -> Any:
     """A registry for one scrape: process metrics (multiprocess-aggregated when a
     directory is given), queue state from Redis, supervisor counts, build info."""
     from prometheus_client import CollectorRegistry
@@ -319,77 +337,3 @@ def build_registry(app: App, multiproc_dir: str | None) -> Any:
         with contextlib.suppress(ValueError):  # already registered on REGISTRY
             registry.register(c)
     return registry
-
-
-def make_server(app: App, addr: str, port: int, *, multiproc_dir: str | None,
-                parent_pid: int | None) -> ThreadingHTTPServer:
-    """An HTTP server for /metrics, /healthz (the supervisor is alive) and /readyz
-    (Redis answers)."""
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-    single_registry = None if multiproc_dir else build_registry(app, None)
-    lock = threading.Lock()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                with lock:
-                    registry = single_registry or build_registry(app, multiproc_dir)
-                    body = generate_latest(registry)
-                self._reply(200, body, CONTENT_TYPE_LATEST)
-            elif path == "/healthz":
-                alive = parent_pid is None or os.getppid() == parent_pid
-                self._reply(200 if alive else 503, b"ok\n" if alive else b"supervisor gone\n")
-            elif path == "/readyz":
-                try:
-                    app.redis.ping()
-                    self._reply(200, b"ok\n")
-                except Exception as exc:
-                    self._reply(503, f"redis unreachable: {type(exc).__name__}\n".encode())
-            else:
-                self._reply(404, b"not found\n")
-
-        def _reply(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8"
-                   ) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer((addr, port), Handler)
-    server.daemon_threads = True
-    return server
-
-
-def serve_in_thread(app: App, addr: str, port: int) -> ThreadingHTTPServer | None:
-    """Single-process mode: serve from a daemon thread of the worker itself."""
-    try:
-        server = make_server(app, addr, port, multiproc_dir=None, parent_pid=None)
-    except OSError as exc:
-        log.warning("metrics server not started on %s:%d: %s", addr, port, exc)
-        return None
-    threading.Thread(target=server.serve_forever, name="batchq-metrics", daemon=True).start()
-    log.info("metrics on http://%s:%d/metrics", addr, server.server_address[1])
-    return server
-
-
-def serve_forever_child(app: App, addr: str, port: int, multiproc_dir: str,
-                        parent_pid: int) -> int:
-    """Body of the supervisor's metrics process; returns when the supervisor is gone."""
-    try:
-        server = make_server(app, addr, port, multiproc_dir=multiproc_dir,
-                             parent_pid=parent_pid)
-    except OSError as exc:
-        log.error("metrics server cannot listen on %s:%d: %s", addr, port, exc)
-        return 1
-    log.info("metrics on http://%s:%d/metrics", addr, server.server_address[1])
-    threading.Thread(target=server.serve_forever, name="batchq-metrics", daemon=True).start()
-    while os.getppid() == parent_pid:
-        time.sleep(1.0)
-    server.shutdown()
-    return 0

@@ -7,27 +7,32 @@ streams any iterable in chunks of ``chunk`` jobs (one script call each) and send
 commands. A call whose reply is lost to a broken connection is retried with backoff
 in *check* mode: the script first looks for the call's first job and writes nothing if
 the earlier try had landed, so a reconnect never doubles a job.
+
+Everything the worker could not run is refused here, before anything is written, with a
+message naming the option or argument (``EnqueueOptions``, ``plan``, ``codec.header``,
+``codec.encode_body``). The retry loop and the ``enqueue_many`` stream are I/O-free cores
+(``_tries``, ``_Stream``) with a thin sync and a thin asyncio shell each. The producer
+takes the app's ``Clients`` and never imports ``app``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import redis
 import redis.asyncio
 
 from . import codec
+from .clients import Clients
 from .errors import EnqueueError, PayloadTooLarge
 from .keys import MAX_PRIORITY, QueueKeys
 from .scripts import arun_pipeline, run_pipeline
-
-if TYPE_CHECKING:
-    from .app import App
 
 CHUNK = 1000
 """Jobs per script call (Lua's unpack limit is about 8000 arguments)."""
@@ -43,6 +48,60 @@ _RETRY_WRITE_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.exceptio
 """Errors after which a write is retried (in check mode): a lost connection (under uvloop
 a write to a reset connection raises RuntimeError), or a Redis Cluster slot moving (the
 script did not run)."""
+
+
+MAX_DELAY_S = 100 * 365 * 86400
+"""The longest ``delay_s`` accepted (about 100 years): due times stay exact integers in
+the scripts' arithmetic and a typo (``delay_s=1e30``) is caught at enqueue."""
+
+MAX_ETA_S = 253402300799
+"""The latest ``eta`` accepted (Unix seconds): the end of year 9999, as ``datetime``."""
+
+
+def _check_seconds(name: str, value: object, hi: float) -> float:
+    """A finite, non-negative number of seconds up to ``hi``, or an error naming it."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__} "
+                        f"{value!r}")
+    if not math.isfinite(value) or not 0 <= value <= hi:
+        raise ValueError(f"{name} must be a finite number of seconds in 0..{hi:g}, got "
+                         f"{value!r}")
+    return float(value)
+
+
+def _check_queue(name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__} {value!r}")
+    try:
+        QueueKeys("_", value)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+    return value
+
+
+def eta_seconds(eta: object) -> float:
+    """``eta`` (a ``datetime``, naive meaning local time, or Unix seconds) as Unix
+    seconds; a clear error for anything else (a string, nan, a year past 9999)."""
+    if isinstance(eta, datetime):
+        try:
+            ts = eta.timestamp()
+        except (OverflowError, ValueError, OSError) as exc:
+            raise ValueError(f"eta {eta!r} cannot be turned into a time: {exc}") from None
+    elif isinstance(eta, bool) or not isinstance(eta, int | float):
+        raise TypeError(f"eta must be a datetime or Unix seconds (int or float), got "
+                        f"{type(eta).__name__} {eta!r}")
+    else:
+        ts = float(eta)
+    return _check_seconds("eta", ts, MAX_ETA_S)
+
+
+class _PlanSource(Protocol):
+    """What ``plan`` needs: key names and the payload limit (``Clients``; an ``App``)."""
+
+    @property
+    def max_payload_bytes(self) -> int: ...
+
+    def keys(self, queue: str) -> QueueKeys: ...
 
 
 class Call:
@@ -71,14 +130,19 @@ class EnqueueOptions:
     eta: datetime | float | None = None
 
     def __post_init__(self) -> None:
-        if self.priority is not None and not 0 <= self.priority <= MAX_PRIORITY:
-            raise ValueError(f"priority must be 0..{MAX_PRIORITY}, got {self.priority}")
-        if self.max_attempts is not None and self.max_attempts < 1:
-            raise ValueError("max_attempts must be at least 1")
+        # every check names the option: a wrong value must never reach the worker
+        if self.queue is not None:
+            _check_queue("queue", self.queue)
+        if self.priority is not None:
+            codec.check_int("priority", self.priority, 0, MAX_PRIORITY)
+        if self.max_attempts is not None:
+            codec.check_int("max_attempts", self.max_attempts, 1)
         if self.delay_s is not None and self.eta is not None:
             raise ValueError("give delay_s or eta, not both")
-        if self.delay_s is not None and self.delay_s < 0:
-            raise ValueError("delay_s must not be negative")
+        if self.delay_s is not None:
+            _check_seconds("delay_s", self.delay_s, MAX_DELAY_S)
+        if self.eta is not None:
+            eta_seconds(self.eta)
 
     def merged(self, other: EnqueueOptions) -> EnqueueOptions:
         """These options with the fields ``other`` sets taking precedence."""
@@ -132,17 +196,18 @@ class _Plan:
                 [flag, due_kind, due_ms, *entries])
 
 
-def plan(app: App, task: str, queue: str, priority: int, max_attempts: int,
+def plan(src: _PlanSource, task: str, queue: str, priority: int, max_attempts: int,
          delay_s: float | None, eta: datetime | float | None) -> _Plan:
+    """Resolve one enqueue call's target and header; refuses (naming the option) any
+    value the scripts or the worker could not handle."""
     due: tuple[str, int] | None = None
-    if delay_s is not None and delay_s > 0:
+    if delay_s is not None and _check_seconds("delay_s", delay_s, MAX_DELAY_S) > 0:
         due = ("rel", round(delay_s * 1000))
     elif eta is not None:
         # a naive datetime is local time, as datetime.timestamp() reads it
-        ts = eta.timestamp() if isinstance(eta, datetime) else float(eta)
-        due = ("abs", round(ts * 1000))
-    return _Plan(app.keys(queue), codec.header(priority, max_attempts), task, due,
-                 app.max_payload_bytes)
+        due = ("abs", round(eta_seconds(eta) * 1000))
+    return _Plan(src.keys(_check_queue("queue", queue)), codec.header(priority, max_attempts),
+                 task, due, src.max_payload_bytes)
 
 
 def _split(item: Any) -> tuple[Any, Mapping[str, Any]]:
@@ -161,7 +226,10 @@ def _chunks(p: _Plan, items: Iterable[Any]) -> Iterator[tuple[list[str], list[by
     now_ms = int(time.time() * 1000)
     for n, item in enumerate(items, 1):
         args, kwargs = _split(item)
-        jid, e = p.entry(args, kwargs, now_ms)
+        try:
+            jid, e = p.entry(args, kwargs, now_ms)
+        except (TypeError, ValueError) as exc:
+            raise _at_item(exc, n - 1) from None
         ids.append(jid)
         entries.append(e)
         if len(entries) == CHUNK:
@@ -173,6 +241,18 @@ def _chunks(p: _Plan, items: Iterable[Any]) -> Iterator[tuple[list[str], list[by
         yield ids, entries
 
 
+def _at_item(exc: Exception, index: int) -> Exception:
+    """``exc`` again, its message naming the item (the class kept: PayloadTooLarge)."""
+    try:
+        return type(exc)(f"item {index}: {exc}")
+    except TypeError:  # an exception class with another constructor
+        return (TypeError if isinstance(exc, TypeError) else ValueError)(
+            f"item {index}: {exc}")
+
+
+Window = list[tuple[list[str], list[bytes]]]
+
+
 class _Stream:
     """The bookkeeping of one ``enqueue_many`` (no I/O): windows of chunks, and what
     Redis confirmed so far, for an exact ``EnqueueError``."""
@@ -181,11 +261,11 @@ class _Stream:
         self.p = p
         self.written: list[str] = []
 
-    def windows(self, items: Iterable[Any]) -> Iterator[list[tuple[list[str], list[bytes]]]]:
+    def windows(self, items: Iterable[Any]) -> Iterator[Window]:
         """Windows of chunks. An item that cannot be encoded (``TypeError``,
         ``PayloadTooLarge``) stops the stream; the error then carries ``written`` and
         ``ids`` of the jobs already in Redis, like ``EnqueueError``."""
-        window: list[tuple[list[str], list[bytes]]] = []
+        window: Window = []
         chunks = _chunks(self.p, items)
         while True:
             try:
@@ -202,23 +282,27 @@ class _Stream:
         if window:
             yield window
 
-    def safe_path(self, window: list[tuple[list[str], list[bytes]]]) -> bool:
-        """The first chunk (it also registers the queue) and a lone last chunk go through
-        the reconnect-safe single call."""
-        return not self.written or len(window) == 1
+    def steps(self, items: Iterable[Any]) -> Iterator[tuple[tuple[list[str], list[bytes]]
+                                                          | None, Window]]:
+        """What to send, window by window: ``(single, rest)``. ``single`` (or None) goes
+        through the reconnect-safe single call: the first chunk (it also registers the
+        queue) and a lone last chunk. ``rest`` goes in one pipeline."""
+        for window in self.windows(items):
+            single = window.pop(0) if not self.written or len(window) == 1 else None
+            yield single, window
 
     def failed(self, exc: EnqueueError) -> EnqueueError:
         exc.written, exc.ids = len(self.written), self.written
         return exc
 
-    def lost(self, window: list[tuple[list[str], list[bytes]]], exc: Exception) -> EnqueueError:
+    def lost(self, window: Window, exc: Exception) -> EnqueueError:
         unknown = sum(len(ids) for ids, _ in window)
         return EnqueueError(
             f"connection lost during enqueue_many of {self.p.task}: {len(self.written)} jobs "
             f"written, {unknown} unknown: {exc}",
             written=len(self.written), ids=self.written, unknown=unknown)
 
-    def record(self, window: list[tuple[list[str], list[bytes]]], results: list[Any]) -> None:
+    def record(self, window: Window, results: list[Any]) -> None:
         """Count what a pipelined window wrote; an error result raises ``EnqueueError``."""
         first_error: BaseException | None = None
         for (ids, _), res in zip(window, results, strict=True):
@@ -233,77 +317,91 @@ class _Stream:
             ) from first_error
 
 
+# --- the retry loop: one core, two shells ----------------------------------------------
+
+
+def _tries(p: _Plan, entries: list[bytes]) -> Iterator[tuple[float, list[str], list[Any]]]:
+    """The tries of one write: (pause before it, keys, args). Every try after the first
+    is in check mode, so a try whose reply was lost is not written twice."""
+    for attempt, pause in enumerate((0.0, *RETRY_DELAYS_S)):
+        keys, args = p.script_args(entries, check=attempt > 0)
+        yield pause, keys, args
+
+
+def _refused(p: _Plan, exc: redis.ResponseError) -> EnqueueError:
+    return EnqueueError(f"Redis refused to enqueue {p.task}: {exc}", written=0)
+
+
+def _unreachable(p: _Plan, last: BaseException | None, n: int) -> EnqueueError:
+    return EnqueueError(f"cannot reach Redis to enqueue {p.task}: {last}", unknown=n)
+
+
 # --- sync ------------------------------------------------------------------------------
 
 
-def _with_retry_sync(app: App, p: _Plan, entries: list[bytes]) -> None:
-    for attempt, pause in enumerate((0.0, *RETRY_DELAYS_S)):
+def _with_retry_sync(c: Clients, p: _Plan, entries: list[bytes]) -> None:
+    last: BaseException | None = None
+    for pause, keys, args in _tries(p, entries):
         if pause:
             time.sleep(pause)
-        keys, args = p.script_args(entries, check=attempt > 0)
         try:
-            app.register_queue(p.keys.queue)  # once per process; retried like the write
-            app.sync_scripts.schedule(keys, args) if p.due else app.sync_scripts.enqueue(keys, args)
+            c.register_queue(p.keys.queue)  # once per process; retried like the write
+            c.sync_scripts.schedule(keys, args) if p.due else c.sync_scripts.enqueue(keys, args)
             return
         except _RETRY_WRITE_ERRORS as exc:
             last = exc
         except redis.ResponseError as exc:  # e.g. OOM: the script did not run
-            raise EnqueueError(f"Redis refused to enqueue {p.task}: {exc}",
-                               written=0) from exc
-    raise EnqueueError(f"cannot reach Redis to enqueue {p.task}: {last}", unknown=len(entries)) \
-        from last
+            raise _refused(p, exc) from exc
+    raise _unreachable(p, last, len(entries)) from last
 
 
-def enqueue(app: App, p: _Plan, args: Any, kwargs: Mapping[str, Any]) -> str:
+def enqueue(c: Clients, p: _Plan, args: Any, kwargs: Mapping[str, Any]) -> str:
     jid, e = p.entry(args, kwargs, int(time.time() * 1000))
-    _with_retry_sync(app, p, [e])
+    _with_retry_sync(c, p, [e])
     return jid
 
 
-def enqueue_many(app: App, p: _Plan, items: Iterable[Any]) -> list[str]:
+def enqueue_many(c: Clients, p: _Plan, items: Iterable[Any]) -> list[str]:
     st = _Stream(p)
-    script = app.sync_scripts.schedule if p.due else app.sync_scripts.enqueue
-    for window in st.windows(items):
-        if st.safe_path(window):
-            ids, entries = window.pop(0)
+    for single, rest in st.steps(items):
+        if single is not None:
             try:
-                _with_retry_sync(app, p, entries)
+                _with_retry_sync(c, p, single[1])
             except EnqueueError as exc:
                 raise st.failed(exc) from exc.__cause__
-            st.written.extend(ids)
-        if window:
-            pipe = app.redis.pipeline(transaction=False)
-            for _, entries in window:
+            st.written.extend(single[0])
+        if rest:
+            script = c.sync_scripts.schedule if p.due else c.sync_scripts.enqueue
+            pipe = c.redis.pipeline(transaction=False)
+            for _, entries in rest:
                 keys, args = p.script_args(entries, check=False)
                 script(keys, args, client=pipe)
             try:
-                results = run_pipeline(pipe, app.redis)
+                results = run_pipeline(pipe, c.redis)
             except _RETRY_WRITE_ERRORS as exc:
-                raise st.lost(window, exc) from exc
-            st.record(window, results)
+                raise st.lost(rest, exc) from exc
+            st.record(rest, results)
     return st.written
 
 
 # --- asyncio ---------------------------------------------------------------------------
 
 
-async def _with_retry_async(app: App, p: _Plan, entries: list[bytes]) -> None:
-    scripts = app.async_scripts()
-    for attempt, pause in enumerate((0.0, *RETRY_DELAYS_S)):
+async def _with_retry_async(c: Clients, p: _Plan, entries: list[bytes]) -> None:
+    scripts = c.async_scripts()
+    last: BaseException | None = None
+    for pause, keys, args in _tries(p, entries):
         if pause:
             await asyncio.sleep(pause)
-        keys, args = p.script_args(entries, check=attempt > 0)
         try:
-            await app.aregister_queue(p.keys.queue)  # once per process; retried like the write
+            await c.aregister_queue(p.keys.queue)  # once per process; retried like the write
             await (scripts.schedule if p.due else scripts.enqueue)(keys, args)
             return
         except _RETRY_WRITE_ERRORS as exc:
             last = exc
         except redis.ResponseError as exc:  # e.g. OOM: the script did not run
-            raise EnqueueError(f"Redis refused to enqueue {p.task}: {exc}",
-                               written=0) from exc
-    raise EnqueueError(f"cannot reach Redis to enqueue {p.task}: {last}", unknown=len(entries)) \
-        from last
+            raise _refused(p, exc) from exc
+    raise _unreachable(p, last, len(entries)) from last
 
 
 class Coalescer:
@@ -319,27 +417,27 @@ class Coalescer:
         self._pending: dict[_Plan, tuple[list[bytes], list[asyncio.Future[None]]]] = {}
         self._busy: set[_Plan] = set()
 
-    async def submit(self, app: App, p: _Plan, entry: bytes) -> None:
+    async def submit(self, c: Clients, p: _Plan, entry: bytes) -> None:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         slot = self._pending.get(p)
         if slot is None:
             self._pending[p] = ([entry], [fut])
             if p not in self._busy:
                 self._busy.add(p)
-                asyncio.get_running_loop().create_task(self._drain(app, p))
+                asyncio.get_running_loop().create_task(self._drain(c, p))
         else:
             slot[0].append(entry)
             slot[1].append(fut)
         await fut
 
-    async def _drain(self, app: App, p: _Plan) -> None:
+    async def _drain(self, c: Clients, p: _Plan) -> None:
         try:
             while p in self._pending:
                 entries, futs = self._pending.pop(p)
                 for i in range(0, len(entries), CHUNK):
                     part = futs[i : i + CHUNK]
                     try:
-                        await _with_retry_async(app, p, entries[i : i + CHUNK])
+                        await _with_retry_async(c, p, entries[i : i + CHUNK])
                     except Exception as exc:
                         for f in part:
                             if not f.done():
@@ -352,6 +450,11 @@ class Coalescer:
             self._busy.discard(p)
 
 
+def coalescer(c: Clients) -> Coalescer:
+    """The ``aenqueue`` coalescer of the running event loop."""
+    return c.per_loop(Coalescer)
+
+
 def _own_copy(exc: Exception, shared_by: int) -> Exception:
     """One exception object per waiting caller (tracebacks are per raise)."""
     if isinstance(exc, EnqueueError):
@@ -362,32 +465,31 @@ def _own_copy(exc: Exception, shared_by: int) -> Exception:
     return exc
 
 
-async def aenqueue(app: App, p: _Plan, args: Any, kwargs: Mapping[str, Any]) -> str:
+async def aenqueue(c: Clients, p: _Plan, args: Any, kwargs: Mapping[str, Any]) -> str:
     jid, e = p.entry(args, kwargs, int(time.time() * 1000))
-    await app.coalescer().submit(app, p, e)
+    await coalescer(c).submit(c, p, e)
     return jid
 
 
-async def aenqueue_many(app: App, p: _Plan, items: Iterable[Any]) -> list[str]:
+async def aenqueue_many(c: Clients, p: _Plan, items: Iterable[Any]) -> list[str]:
     st = _Stream(p)
-    scripts = app.async_scripts()
-    script = scripts.schedule if p.due else scripts.enqueue
-    for window in st.windows(items):
-        if st.safe_path(window):
-            ids, entries = window.pop(0)
+    for single, rest in st.steps(items):
+        if single is not None:
             try:
-                await _with_retry_async(app, p, entries)
+                await _with_retry_async(c, p, single[1])
             except EnqueueError as exc:
                 raise st.failed(exc) from exc.__cause__
-            st.written.extend(ids)
-        if window:
-            pipe = app.async_redis().pipeline(transaction=False)
-            for _, entries in window:
+            st.written.extend(single[0])
+        if rest:
+            scripts = c.async_scripts()
+            script = scripts.schedule if p.due else scripts.enqueue
+            pipe = c.async_redis().pipeline(transaction=False)
+            for _, entries in rest:
                 keys, args = p.script_args(entries, check=False)
                 await script(keys, args, client=pipe)
             try:
-                results = await arun_pipeline(pipe, app.async_redis())
+                results = await arun_pipeline(pipe, c.async_redis())
             except _RETRY_WRITE_ERRORS as exc:
-                raise st.lost(window, exc) from exc
-            st.record(window, results)
+                raise st.lost(rest, exc) from exc
+            st.record(rest, results)
     return st.written

@@ -1,37 +1,102 @@
-"""``Queue``: what an operator asks of one queue — counts, the dead-letter store, pause."""
+"""``Queue``: what an operator asks of one queue — counts, the dead-letter store and its
+retention, pause.
+
+The last stop of a job that failed for good: the dead-letter store. It is listed,
+redriven and purged here, and trimmed by age and count (``trim_dead``, ``atrim_dead``,
+``trim_dead.lua``). Ids are read as bytes and shown with ``surrogateescape``, so an id
+that is not UTF-8 (written by hand) is listed, and handed back to Redis byte for byte,
+instead of failing the whole listing.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import math
+import os
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from . import codec
+from . import codec, stats
+from .clients import Clients
+from .scripts import AsyncScript, SyncScript
+from .stats import QueueStats
 
-if TYPE_CHECKING:
-    from .app import App
+__all__ = ["DeadJob", "DeadRetention", "Queue", "QueueStats", "atrim_dead"]
 
 PAGE = 500
 
+TRIM_CHUNK = 500
+"""Dead jobs removed per ``trim_dead.lua`` call: one call stays short on the server."""
+
+TRIM_MAX_CHUNKS = 200
+"""Calls per ``trim_dead`` run at most; the next run goes on where this one stopped."""
+
+DEFAULT_DEAD_MAX_AGE_S = 7 * 86400.0
+DEFAULT_DEAD_MAX_COUNT = 100_000
+
 
 @dataclass(frozen=True)
-class QueueStats:
-    """Job counts of one queue by state; ``oldest_age_s`` is how long the oldest ready job
-    has been waiting since it was enqueued (or came due), 0 when none is waiting."""
+class DeadRetention:
+    """How long the dead-letter store of each queue keeps jobs: at most ``max_age_s``
+    seconds and at most ``max_count`` jobs per queue, the oldest trimmed first. 0 turns a
+    limit off."""
 
-    ready: int
-    delayed: int
-    reserved: int
-    dead: int
-    paused: bool = False
-    oldest_age_s: float = 0.0
-    ready_by_priority: dict[int, int] = field(default_factory=dict)
+    max_age_s: float = DEFAULT_DEAD_MAX_AGE_S
+    max_count: int = DEFAULT_DEAD_MAX_COUNT
+
+    def __post_init__(self) -> None:
+        a = self.max_age_s
+        if isinstance(a, bool) or not isinstance(a, int | float) or not math.isfinite(a) \
+                or a < 0:
+            raise ValueError(f"dead_max_age_s must be a finite number >= 0, got {a!r}")
+        codec.check_int("dead_max_count", self.max_count, 0)
+
+    @classmethod
+    def resolve(cls, max_age_s: float | None, max_count: int | None) -> DeadRetention:
+        """The given values, else ``$BATCHQ_DEAD_MAX_AGE_S`` / ``$BATCHQ_DEAD_MAX_COUNT``,
+        else the defaults (7 days, 100,000)."""
+        if max_age_s is None:
+            env = os.environ.get("BATCHQ_DEAD_MAX_AGE_S")
+            try:
+                max_age_s = DEFAULT_DEAD_MAX_AGE_S if env is None else float(env)
+            except ValueError:
+                raise ValueError(f"BATCHQ_DEAD_MAX_AGE_S must be a number, got {env!r}") \
+                    from None
+        if max_count is None:
+            env = os.environ.get("BATCHQ_DEAD_MAX_COUNT")
+            try:
+                max_count = DEFAULT_DEAD_MAX_COUNT if env is None else int(env)
+            except ValueError:
+                raise ValueError(f"BATCHQ_DEAD_MAX_COUNT must be an integer, got {env!r}") \
+                    from None
+        return cls(max_age_s, max_count)
+
+    def args(self, chunk: int) -> list[int]:
+        """ARGV of ``trim_dead.lua``: max age (ms), max count, jobs per call."""
+        return [round(self.max_age_s * 1000), self.max_count, chunk]
+
+
+class QueueOwner(Protocol):
+    """What a ``Queue`` needs of its app (``App`` is one)."""
 
     @property
-    def pending(self) -> int:
-        """Jobs not finished yet: ready + delayed + reserved."""
-        return self.ready + self.delayed + self.reserved
+    def clients(self) -> Clients: ...
+
+    @property
+    def namespace(self) -> str: ...
+
+    @property
+    def dead_retention(self) -> DeadRetention: ...
+
+
+def _id_bytes(jid: str) -> bytes:
+    """An id as listed (``surrogateescape``) back to the bytes Redis holds."""
+    return jid.encode("utf-8", "surrogateescape")
+
+
+def _id_text(raw: Any) -> str:
+    return raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else str(raw)
 
 
 @dataclass(frozen=True)
@@ -59,70 +124,43 @@ class DeadJob:
 class Queue:
     """Inspection and dead-letter operations on one queue (synchronous)."""
 
-    def __init__(self, app: App, name: str) -> None:
+    def __init__(self, app: QueueOwner, name: str) -> None:
         self.app = app
+        self.clients = app.clients
         self.name = name
-        self.keys = app.keys(name)
+        self.keys = self.clients.keys(name)
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r}, namespace={self.app.namespace!r})"
 
     def stats(self) -> QueueStats:
-        k = self.keys
-        pipe = self.app.redis.pipeline(transaction=False)
-        for key in k.ready:
-            pipe.llen(key)
-        pipe.zcard(k.delayed)
-        pipe.zcard(k.reserved)
-        pipe.zcard(k.dead)
-        pipe.exists(k.paused)
-        for key in k.ready:
-            pipe.lindex(key, 0)
-        # TIME by name: a cluster pipeline refuses pipe.time()
-        pipe.execute_command("TIME")  # type: ignore[no-untyped-call]
-        res = pipe.execute()
-        n = len(k.ready)
-        ready = res[:n]
-        delayed, reserved, dead, paused = res[n : n + 4]
-        heads = res[n + 4 : 2 * n + 4]
-        sec, usec = res[-1]
-        now_ms = int(sec) * 1000 + int(usec) // 1000
-        oldest = 0.0
-        for head in heads:
-            if head:
-                try:
-                    enq = codec.decode_entry(head, self.name).ready_ms
-                except codec.DecodeError:
-                    continue
-                oldest = max(oldest, (now_ms - enq) / 1000)
-        return QueueStats(
-            ready=sum(ready),
-            delayed=delayed,
-            reserved=reserved,
-            dead=dead,
-            paused=bool(paused),
-            oldest_age_s=oldest,
-            ready_by_priority={9 - i: c for i, c in enumerate(ready) if c},
-        )
+        """Counts by state. Never fails on data: a ready list whose head entry is not a
+        runnable job is listed in ``malformed_heads`` (and left out of the age)."""
+        return stats.read(self.clients.redis, [self.keys])[0].stats
 
     # --- dead letters ------------------------------------------------------------------
 
     def dead_ids(self, limit: int | None = None) -> list[str]:
-        """Dead-lettered job ids, oldest first."""
+        """Dead-lettered job ids, oldest first. An id that is not UTF-8 is decoded with
+        ``surrogateescape``: passed back to ``dead_jobs`` / ``retry_dead`` /
+        ``purge_dead`` it names the same bytes."""
         end = -1 if limit is None else limit - 1
-        ids = self.app.redis.zrange(self.keys.dead, 0, end)
-        return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
+        ids = self.clients.redis.zrange(self.keys.dead, 0, end)
+        return [_id_text(i) for i in ids]
 
     def dead_jobs(self, ids: list[str] | None = None, limit: int | None = None) -> list[DeadJob]:
-        """Dead-lettered jobs (all, the given ids, or the oldest ``limit``), oldest first."""
+        """Dead-lettered jobs (all, the given ids, or the oldest ``limit``), oldest first.
+        A record that cannot be read is listed with reason ``corrupt_record`` rather
+        than hiding the others."""
         if ids is None:
             ids = self.dead_ids(limit)
         out: list[DeadJob] = []
         for start in range(0, len(ids), PAGE):
             page = ids[start : start + PAGE]
-            pipe = self.app.redis.pipeline(transaction=False)
-            pipe.hmget(self.keys.dead_jobs, page)
-            for i in page:
+            keys = [_id_bytes(i) for i in page]
+            pipe = self.clients.redis.pipeline(transaction=False)
+            pipe.hmget(self.keys.dead_jobs, keys)
+            for i in keys:
                 pipe.zscore(self.keys.dead, i)
             res = pipe.execute()
             for jid, rec, score in zip(page, res[0], res[1:], strict=True):
@@ -133,14 +171,19 @@ class Queue:
     def _dead_job(self, jid: str, data: bytes, score: float) -> DeadJob:
         rec = codec.decode_dead_record(data)
         raw = rec.get("raw", b"")
+        if not isinstance(raw, bytes):  # a record written by hand
+            raw = str(raw).encode("utf-8", "surrogateescape")
         task: str | None = None
         args: list[Any] = []
         kwargs: dict[str, Any] = {}
         attempts = 0
         try:
             job = codec.decode_entry(raw, self.name)
+            if not isinstance(job.task, str) or not isinstance(job.args, list) or \
+                    not isinstance(job.kwargs, dict):
+                raise codec.DecodeError("body is not [task, args, kwargs, ...]")
             task, args, kwargs, attempts = job.task, list(job.args), dict(job.kwargs), job.attempt
-        except codec.DecodeError:
+        except Exception:  # any bytes may sit in a dead record: show what can be read
             with contextlib.suppress(codec.DecodeError):
                 attempts = codec.parse_header(raw)[1]
         return DeadJob(
@@ -150,10 +193,10 @@ class Queue:
             args=args,
             kwargs=kwargs,
             attempts=attempts,
-            reason=str(rec.get("reason", "")),
-            error_type=str(rec.get("error_type", "")),
-            error_message=str(rec.get("error_message", "")),
-            traceback=str(rec.get("traceback", "")),
+            reason=_text(rec.get("reason", "")),
+            error_type=_text(rec.get("error_type", "")),
+            error_message=_text(rec.get("error_message", "")),
+            traceback=_text(rec.get("traceback", "")),
             died_at=score / 1000,
             raw=raw,
         )
@@ -166,58 +209,102 @@ class Queue:
         """
         k = self.keys
         moved = 0
-        scripts = self.app.sync_scripts
-        todo = ids if ids is not None else self.dead_ids()
+        scripts = self.clients.sync_scripts
+        todo = [_id_bytes(i) for i in (ids if ids is not None else self.dead_ids())]
         for start in range(0, len(todo), PAGE):
             page = todo[start : start + PAGE]
-            recs = self.app.redis.hmget(k.dead_jobs, page)
+            recs = self.clients.redis.hmget(k.dead_jobs, page)
             args: list[Any] = []
             for jid, data in zip(page, recs, strict=True):
                 if not isinstance(data, bytes):
                     continue
-                entry = codec.reset_attempt(codec.decode_dead_record(data).get("raw", b""))
+                raw = codec.decode_dead_record(data).get("raw", b"")
+                entry = codec.reset_attempt(raw) if isinstance(raw, bytes) else None
                 if entry is not None:
                     args += [jid, entry]
             if args:
                 moved += int(scripts.redrive([k.dead, k.dead_jobs, k.wake, *k.ready, k.stats],
                                              args))
         if moved:
-            self.app.register_queue(self.name)
+            self.clients.register_queue(self.name)
         return moved
 
     def purge_dead(self, ids: list[str] | None = None) -> int:
         """Delete dead jobs (all, or the given ids). Returns how many were deleted."""
         k = self.keys
-        r = self.app.redis
+        r = self.clients.redis
         if ids is None:
             n = int(r.zcard(k.dead))
             r.delete(k.dead, k.dead_jobs)
             return n
         n = 0
         for start in range(0, len(ids), PAGE):
-            page = ids[start : start + PAGE]
+            page = [_id_bytes(i) for i in ids[start : start + PAGE]]
             pipe = r.pipeline(transaction=True)
             pipe.zrem(k.dead, *page)
             pipe.hdel(k.dead_jobs, *page)
             n += int(pipe.execute()[0])
         return n
 
+    def trim_dead(self, retention: DeadRetention | None = None, *,
+                  chunk: int = TRIM_CHUNK, max_chunks: int = TRIM_MAX_CHUNKS) -> int:
+        """Apply the dead-letter retention (default: the app's): delete dead jobs older
+        than ``max_age_s`` and, oldest first, those beyond ``max_count``, in calls of at
+        most ``chunk`` jobs (``max_chunks`` calls at most). Returns how many were
+        deleted."""
+        ret = retention or self.app.dead_retention
+        script = SyncScript("trim_dead", self.clients.redis)
+        removed = 0
+        for _ in range(_check_chunks(chunk, max_chunks)):
+            n, more = script([self.keys.dead, self.keys.dead_jobs], ret.args(chunk))
+            removed += int(n)
+            if not int(more):
+                break
+        return removed
+
     # --- control -----------------------------------------------------------------------
 
     def pause(self) -> None:
         """Workers stop taking jobs from this queue; enqueue still works."""
-        self.app.redis.set(self.keys.paused, str(int(time.time())))
+        self.clients.redis.set(self.keys.paused, str(int(time.time())))
 
     def resume(self) -> None:
         """Workers take jobs from this queue again."""
-        pipe = self.app.redis.pipeline(transaction=False)
+        pipe = self.clients.redis.pipeline(transaction=False)
         pipe.delete(self.keys.paused)
         pipe.rpush(self.keys.wake, "1")
         pipe.execute()
 
     def is_paused(self) -> bool:
-        return bool(self.app.redis.exists(self.keys.paused))
+        return bool(self.clients.redis.exists(self.keys.paused))
 
     def clear(self) -> None:
         """Delete every job of the queue in every state, and its dead letters."""
-        self.app.redis.delete(*self.keys.all())
+        self.clients.redis.delete(*self.keys.all())
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _check_chunks(chunk: int, max_chunks: int) -> int:
+    codec.check_int("chunk", chunk, 1, 5000)  # Lua's unpack() takes about 8,000 values
+    return codec.check_int("max_chunks", max_chunks, 1)
+
+
+async def atrim_dead(app: QueueOwner, queue: str, retention: DeadRetention | None = None,
+                     *, chunk: int = TRIM_CHUNK, max_chunks: int = TRIM_MAX_CHUNKS) -> int:
+    """``Queue.trim_dead`` for asyncio code (the worker calls it now and then): the
+    dead-letter retention of one queue over the running loop's client."""
+    ret = retention or app.dead_retention
+    k = app.clients.keys(queue)
+    script = AsyncScript("trim_dead", app.clients.async_redis())
+    removed = 0
+    for _ in range(_check_chunks(chunk, max_chunks)):
+        n, more = await script([k.dead, k.dead_jobs], ret.args(chunk))
+        removed += int(n)
+        if not int(more):
+            break
+    return removed

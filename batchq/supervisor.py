@@ -251,7 +251,7 @@ class Supervisor:
                 signal.signal(getattr(signal, f"SIG{name}"), signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor ends it
             from .logs import setup_logging
-            from .metrics import serve_forever_child
+            from .metrics_http import serve_forever_child
 
             setup_logging(s.log_level, s.log_format, "metrics")
             code = serve_forever_child(self.app, s.metrics_addr, s.metrics_port,

@@ -122,7 +122,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         _warn_paused(app, queues or tuple(app.queues()))
     if not args.processes:
         if args.metrics_port and not args.no_metrics:
-            from ..metrics import serve_in_thread
+            from ..metrics_http import serve_in_thread
 
             serve_in_thread(app, args.metrics_addr, args.metrics_port)
         try:

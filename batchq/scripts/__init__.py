@@ -29,7 +29,7 @@ from redis.cluster import ClusterPipeline as SyncClusterPipeline
 from redis.exceptions import NoScriptError
 
 NAMES = ("enqueue", "schedule", "pop", "ack", "nack", "release", "extend", "redrive",
-         "lock_acquire", "lock_release", "lock_extend", "periodic_tick")
+         "lock_acquire", "lock_release", "lock_extend", "periodic_tick", "trim_dead")
 
 _CALLS = "_batchq_calls"
 

@@ -69,3 +69,38 @@ def test_aopen_loop_counts_errors_and_goes_on() -> None:
     assert st.first_error == "ConnectionError: boom"
     d = st.as_dict()
     assert d["sent"] == st.sent and d["send_lateness_ms"]["p50"] >= 0
+
+
+def test_sync_and_async_shells_drive_the_same_schedule() -> None:
+    """One I/O-free core (``_schedule``): with the same fake clock and the same failing
+    sends, both shells send the same batches and account the same way."""
+
+    def run(asyncio_shell: bool) -> tuple[list[int], LoadState]:
+        now = [1000.0]
+        batches: list[int] = []
+
+        def clock() -> float:
+            now[0] += 0.004  # every look at the clock costs 4 ms
+            return now[0]
+
+        def sync_send(intended: list[float], sent_at: float) -> None:
+            batches.append(len(intended))
+            if len(batches) % 3 == 0:
+                raise RuntimeError("refused")
+
+        async def async_send(intended: list[float], sent_at: float) -> None:
+            sync_send(intended, sent_at)
+
+        if asyncio_shell:
+            st = asyncio.run(aopen_loop(async_send, 1_000_000, 0.0002, max_batch=50,
+                                        lead_s=0.0, clock=clock))
+        else:
+            st = open_loop(sync_send, 1_000_000, 0.0002, max_batch=50, lead_s=0.0,
+                           clock=clock)
+        return batches, st
+
+    (b1, s1), (b2, s2) = run(False), run(True)
+    assert b1 == b2 and sum(b1) == 200
+    assert (s1.sent, s1.errors, s1.first_error) == (s2.sent, s2.errors, s2.first_error)
+    assert s1.sent + s1.errors == 200 and s1.errors > 0 and s1.finished and s2.finished
+    assert s1.first_error == "RuntimeError: refused"

@@ -276,3 +276,20 @@ def test_options_take_effect_on_enqueue(redis_url, namespace):
     finally:
         r.close()
         app.close()
+
+
+@pytest.mark.parametrize("url", ["http://h:1/0", "redis://h:99999/0", "redis://h:1/x",
+                                 "localhost:6379", "redis://:pw@h:abc/0", "redis://",
+                                 "redis+cluster://h:1/3", "redis://h:1/0?db=x"])
+def test_malformed_redis_url_is_a_clear_error_at_once(url):
+    with pytest.raises(ValueError, match="invalid Redis URL") as err:
+        App(url)
+    assert "pw" not in str(err.value)  # the password stays redacted
+
+
+def test_bad_app_settings_name_themselves():
+    for kw, named in [({"max_payload_bytes": 0}, "max_payload_bytes"),
+                      ({"max_payload_bytes": 1.5}, "max_payload_bytes"),
+                      ({"namespace": 5}, "namespace")]:
+        with pytest.raises(ValueError, match=named):
+            App(NOWHERE, **kw)

@@ -1,0 +1,184 @@
+"""Reading a queue's state for operators: one pipelined read shared by ``Queue.stats``
+(``batchq info``) and the metrics' ``QueueCollector`` (``/metrics``).
+
+Operator tools never crash on data. Whatever was written into Redis by hand (an entry
+whose body has the wrong types or is not msgpack, a key of the wrong type, a queue name
+in the registry that is not UTF-8 or not a legal name), the reader returns what it can
+read and flags the rest: ``QueueStats.malformed_heads`` lists the priorities whose head
+entry is not a runnable job, and ``registered_queues`` sets malformed names apart
+instead of failing the whole scrape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from . import codec
+from .keys import MAX_PRIORITY, QueueKeys, queues_key
+
+OUTCOMES = ("enqueued", "succeeded", "dead", "retried")
+"""The counters the scripts keep in a queue's ``stats`` hash, in the order read."""
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """Job counts of one queue by state; ``oldest_age_s`` is how long the oldest ready job
+    has been waiting since it was enqueued (or came due), 0 when none is waiting.
+
+    ``malformed_heads``: the priorities (9..0) whose ready list starts with an entry that
+    is not a runnable job (written by hand, or corrupted); a worker dead-letters it as
+    ``decode_error`` when it reaches it. Empty when every head is fine."""
+
+    ready: int
+    delayed: int
+    reserved: int
+    dead: int
+    paused: bool = False
+    oldest_age_s: float = 0.0
+    ready_by_priority: dict[int, int] = field(default_factory=dict)
+    malformed_heads: tuple[int, ...] = ()
+
+    @property
+    def pending(self) -> int:
+        """Jobs not finished yet: ready + delayed + reserved."""
+        return self.ready + self.delayed + self.reserved
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One queue as one scrape read it: its stats, plus what only metrics show."""
+
+    name: str
+    stats: QueueStats
+    delayed_lag_s: float
+    """Now minus the due time of the oldest delayed job not yet moved (0 if none due)."""
+    outcomes: dict[str, int]
+    """The scripts' own counters (``OUTCOMES``)."""
+
+
+_PER_QUEUE = 2 * (MAX_PRIORITY + 1) + 6
+
+
+def _queue_commands(pipe: Any, k: QueueKeys) -> None:
+    """Queue the ``_PER_QUEUE`` reads of one queue (parsed by ``_parse``)."""
+    for key in k.ready:
+        pipe.llen(key)
+    for key in k.ready:
+        pipe.lindex(key, 0)
+    pipe.zcard(k.delayed)
+    pipe.zcard(k.reserved)
+    pipe.zcard(k.dead)
+    pipe.exists(k.paused)
+    pipe.zrange(k.delayed, 0, 0, withscores=True)
+    pipe.hmget(k.stats, list(OUTCOMES))
+
+
+def _int(value: Any) -> int:
+    """A count from a reply; a key of the wrong type (an error reply) counts as 0."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, bytes | str):
+        try:
+            return int(value)
+        except ValueError:
+            return 0
+    return 0
+
+
+def ready_ms(head: Any, queue: str) -> int | None:
+    """When the entry ``head`` became runnable (ms), or None when it is not a runnable
+    job: a bad header, a body that is not msgpack, or fields of the wrong type."""
+    if not isinstance(head, bytes):
+        return None
+    try:
+        job = codec.decode_entry(head, queue)
+        ms = job.ready_ms
+        enq = job.enqueued_ms
+    except Exception:  # any bytes at all may sit here: never let one crash a reader
+        return None
+    for v in (ms, enq):
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= codec.MAX_HEADER_INT:
+            return None
+    return int(ms)
+
+
+def _parse(name: str, res: Sequence[Any], now_ms: int) -> Snapshot:
+    n = MAX_PRIORITY + 1
+    lens = [_int(x) for x in res[:n]]
+    heads = res[n : 2 * n]
+    delayed, reserved, dead, paused = (_int(x) for x in res[2 * n : 2 * n + 4])
+    first_due, counts = res[2 * n + 4], res[2 * n + 5]
+    oldest_ms = 0
+    malformed: list[int] = []
+    for i, head in enumerate(heads):
+        if head is None or isinstance(head, Exception):
+            continue
+        ms = ready_ms(head, name)
+        if ms is None:
+            malformed.append(MAX_PRIORITY - i)
+        else:
+            oldest_ms = max(oldest_ms, now_ms - ms)
+    lag_s = 0.0
+    if isinstance(first_due, list) and first_due:
+        try:
+            lag_s = max(0.0, (now_ms - float(first_due[0][1])) / 1000)
+        except (TypeError, ValueError, IndexError):
+            lag_s = 0.0
+    if not isinstance(counts, list):
+        counts = [None] * len(OUTCOMES)
+    stats = QueueStats(
+        ready=sum(lens),
+        delayed=delayed,
+        reserved=reserved,
+        dead=dead,
+        paused=bool(paused),
+        oldest_age_s=oldest_ms / 1000,
+        ready_by_priority={MAX_PRIORITY - i: c for i, c in enumerate(lens) if c},
+        malformed_heads=tuple(malformed),
+    )
+    return Snapshot(name, stats, lag_s, {o: _int(c) for o, c in zip(OUTCOMES, counts,
+                                                                     strict=True)})
+
+
+def read(client: redis.Redis, queues: Sequence[QueueKeys]) -> list[Snapshot]:
+    """Every queue's state in one pipelined round trip (TIME from the server).
+
+    Connection errors propagate; an error reply of one command (a key of the wrong type)
+    only zeroes that value."""
+    pipe = client.pipeline(transaction=False)
+    # TIME by name: a cluster pipeline refuses pipe.time()
+    pipe.execute_command("TIME")  # type: ignore[no-untyped-call]
+    for k in queues:
+        _queue_commands(pipe, k)
+    res = pipe.execute(raise_on_error=False)
+    if isinstance(res[0], Exception):
+        raise res[0]
+    sec, usec = res[0]
+    now_ms = int(sec) * 1000 + int(usec) // 1000
+    out = []
+    for j, k in enumerate(queues):
+        start = 1 + j * _PER_QUEUE
+        out.append(_parse(k.queue, res[start : start + _PER_QUEUE], now_ms))
+    return out
+
+
+def registered_queues(client: redis.Redis, namespace: str) -> tuple[list[str], list[bytes]]:
+    """The names in the namespace's registry of queues, sorted, and apart from them the
+    members that are not usable queue names (not UTF-8, braces, colons, white space),
+    as raw bytes: one bad member never hides the others."""
+    good: list[str] = []
+    bad: list[bytes] = []
+    for member in client.smembers(queues_key(namespace)):
+        raw = member if isinstance(member, bytes) else str(member).encode()
+        try:
+            name = raw.decode("utf-8")
+            QueueKeys(namespace, name)
+        except ValueError:  # UnicodeDecodeError is one
+            bad.append(raw)
+            continue
+        good.append(name)
+    return sorted(good), sorted(bad)

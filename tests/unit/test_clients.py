@@ -1,0 +1,118 @@
+"""batchq.clients: the per-process client cache, outside ``App``; and the import graph of
+app, producer, queue and clients (no circle, read with ``ast``)."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+import redis
+
+import batchq
+from batchq import producer
+from batchq.clients import Clients
+from batchq.connection import RedisSettings
+
+PKG = Path(batchq.__file__).parent
+
+
+def _imports(module: str) -> set[str]:
+    """The batchq modules ``module`` imports (any level, TYPE_CHECKING blocks too)."""
+    tree = ast.parse((PKG / f"{module}.py").read_text())
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if node.module:
+                out.add(node.module.split(".")[0])
+            else:
+                out.update(a.name for a in node.names)
+    return out
+
+
+def test_producer_queue_clients_never_import_app() -> None:
+    for module in ("producer", "queue", "clients", "stats", "metrics", "metrics_http"):
+        assert "app" not in _imports(module), module
+    assert "producer" not in _imports("clients") and "queue" not in _imports("clients")
+    assert "metrics_http" not in _imports("metrics")
+    assert "batchq" not in _imports("metrics")  # the version comes from importlib.metadata
+
+
+def test_clients_are_lazy_cached_and_rebuilt_after_fork_or_new_settings(
+        redis_url: str) -> None:
+    c = Clients(RedisSettings(redis_url), "ns")
+    assert c._sync is None  # nothing built until asked
+    r = c.redis
+    assert c.redis is r and c.sync_scripts is c.sync_scripts
+    assert c.sync_scripts.client is r
+    assert r.ping()
+
+    c._pid = -1  # as a forked child sees it
+    assert c.redis is not r
+    r2 = c.redis
+    c.settings = RedisSettings(redis_url, socket_timeout_s=3.0)
+    assert c.redis is not r2
+    assert c.redis.connection_pool.connection_kwargs["socket_timeout"] == 3.0
+    c.close()
+    r.close()
+    r2.close()
+
+
+def test_fork_child_gets_its_own_client(redis_url: str) -> None:
+    c = Clients(RedisSettings(redis_url), "ns")
+    parent = c.redis
+    rd, wr = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: a new client, and it works
+        ok = c.redis is not parent and c.redis.ping()
+        os.write(wr, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(wr)
+    assert os.read(rd, 1) == b"1"
+    os.waitpid(pid, 0)
+    c.close()
+
+
+def test_one_async_client_and_coalescer_per_loop(redis_url: str) -> None:
+    c = Clients(RedisSettings(redis_url), "ns")
+
+    async def main() -> tuple[object, object]:
+        a, co = c.async_redis(), producer.coalescer(c)
+        assert c.async_redis() is a and producer.coalescer(c) is co
+        assert c.async_scripts().client is a
+        await c.aregister_queue("q1")
+        await c.aclose()
+        return a, co
+
+    first = asyncio.run(main())
+    second = asyncio.run(main())
+    assert first[0] is not second[0] and first[1] is not second[1]
+    r = redis.Redis.from_url(redis_url)
+    assert r.sismember("ns:queues", "q1")
+    r.delete("ns:queues")
+    r.close()
+
+
+def test_app_delegates_to_its_clients(redis_url: str, namespace: str) -> None:
+    app = batchq.App(redis_url, namespace=namespace)
+    assert app.redis is app.clients.redis
+    assert app.sync_scripts is app.clients.sync_scripts
+    assert app.keys("q") is app.clients.keys("q")
+    app.redis_settings = RedisSettings(redis_url, socket_timeout_s=2.0)
+    assert app.clients.settings.socket_timeout_s == 2.0
+    assert app.redis.connection_pool.connection_kwargs["socket_timeout"] == 2.0
+    app.max_payload_bytes = 10
+    with pytest.raises(batchq.PayloadTooLarge):
+        app.task(lambda: None).enqueue()
+    app.close()
+
+
+def test_register_queue_is_once_per_process(redis_url: str, namespace: str) -> None:
+    c = Clients(RedisSettings(redis_url), namespace)
+    c.register_queue("a")
+    c.redis.delete(f"{namespace}:queues")
+    c.register_queue("a")  # remembered: no second SADD
+    assert not c.redis.exists(f"{namespace}:queues")
+    c.close()
