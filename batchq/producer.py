@@ -24,7 +24,7 @@ import redis.asyncio
 from . import codec
 from .errors import EnqueueError, PayloadTooLarge
 from .keys import MAX_PRIORITY, QueueKeys
-from .scripts import arun_pipeline, run_pipeline
+from .scripts import arun_pipeline, calls, run_pipeline
 
 if TYPE_CHECKING:
     from .app import App
@@ -123,13 +123,10 @@ class _Plan:
         return jid, e
 
     def script_args(self, entries: list[bytes], check: bool) -> tuple[list[str], list[Any]]:
-        k = self.keys
-        flag = "1" if check else "0"
-        if self.due is None:
-            return [self.target, k.wake, k.inflight, k.stats], [flag, *entries]
-        due_kind, due_ms = self.due
-        return ([k.delayed, k.wake, k.inflight, self.target, k.stats],
-                [flag, due_kind, due_ms, *entries])
+        p = int(self.head[:1])
+        c = (calls.enqueue(self.keys, p, entries, check=check) if self.due is None else
+             calls.schedule(self.keys, p, self.due[0], self.due[1], entries, check=check))
+        return c.keys, c.args
 
 
 def plan(app: App, task: str, queue: str, priority: int, max_attempts: int,

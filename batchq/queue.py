@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import codec
+from .scripts import calls
 
 if TYPE_CHECKING:
     from .app import App
@@ -171,16 +172,15 @@ class Queue:
         for start in range(0, len(todo), PAGE):
             page = todo[start : start + PAGE]
             recs = self.app.redis.hmget(k.dead_jobs, page)
-            args: list[Any] = []
+            pairs: list[tuple[str, bytes]] = []
             for jid, data in zip(page, recs, strict=True):
                 if not isinstance(data, bytes):
                     continue
                 entry = codec.reset_attempt(codec.decode_dead_record(data).get("raw", b""))
                 if entry is not None:
-                    args += [jid, entry]
-            if args:
-                moved += int(scripts.redrive([k.dead, k.dead_jobs, k.wake, *k.ready, k.stats],
-                                             args))
+                    pairs.append((jid, entry))
+            if pairs:
+                moved += int(scripts.call(calls.redrive(k, pairs)))
         if moved:
             self.app.register_queue(self.name)
         return moved
