@@ -11,7 +11,6 @@ from batchq import codec
 from batchq.keys import QueueKeys
 from batchq.scripts import SyncScripts, calls
 
-
 HEAD = 9
 """pop.lua's reply: nine fields, then the jobs."""
 

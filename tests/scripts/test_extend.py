@@ -5,7 +5,7 @@ from __future__ import annotations
 from batchq.keys import QueueKeys
 from batchq.scripts import SyncScripts, calls
 
-from ._lua import entry, pop, server_ms, with_attempt, refunded
+from ._lua import entry, pop, refunded, server_ms
 
 
 def extend(s: SyncScripts, k: QueueKeys, lease_ms: int, leases: list[bytes]) -> list[int]:

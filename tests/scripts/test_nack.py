@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import redis
 
 from batchq import codec
 from batchq.keys import QueueKeys
 from batchq.scripts import SyncScripts, calls
 
-from ._lua import entry, ns_keys, pop, server_ms, with_attempt, refunded
+from ._lua import entry, ns_keys, pop, refunded, server_ms, with_attempt
 
 
 def nack(s: SyncScripts, k: QueueKeys, retries: list[tuple[bytes, int]],

@@ -232,7 +232,7 @@ def test_reaped_job_is_popped_again_with_the_next_attempt_and_marked(redis_clien
 def test_reaper_never_dead_letters_a_job_not_known_to_have_started(redis_client, s, k):
     raw = entry("neighbour", prio=6, max_attempts=2, attempt=2)
     reserve(redis_client, k, raw, deadline=5)
-    meta, jobs = pop(s, k, 0)
+    meta, _ = pop(s, k, 0)
     assert meta[3:] == [0, 1, 0, 0]
     assert redis_client.lrange(k.ready_for(6), 0, -1) == [refunded(raw, 2)]
     assert redis_client.exists(k.dead, k.dead_jobs) == 0
@@ -285,7 +285,7 @@ def test_ack_and_nack_forget_the_crash_marks(redis_client, s, k):
     for jid in ("a", "r", "d"):
         reserve(redis_client, k, with_attempt(entry(jid), 1), deadline=1)
     pop(s, k, 0)  # all three recovered
-    _, marks, jobs = pop_marks(s, k, 3)
+    _, marks, _ = pop_marks(s, k, 3)
     assert marks == [1, 2, 3]
     assert s.call(calls.start(k, [b"a:2", b"r:2", b"d:2"])) == 3
     assert s.call(calls.ack(k, [b"a:2"])) == []

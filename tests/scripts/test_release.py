@@ -5,7 +5,7 @@ from __future__ import annotations
 from batchq.keys import QueueKeys
 from batchq.scripts import SyncScripts, calls
 
-from ._lua import entry, ns_keys, pop, with_attempt, refunded
+from ._lua import entry, ns_keys, pop, refunded, with_attempt
 
 
 def release(s: SyncScripts, k: QueueKeys, leases: list[bytes]) -> int:
