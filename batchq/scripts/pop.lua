@@ -21,8 +21,9 @@
 -- Crash marks. An expired lease means its worker died or stalled; the script cannot
 -- know which of that worker's jobs was running. So the job goes back with its attempt
 -- refunded (max_attempts + 1: each run keeps its own lease name) and is marked
--- recovered. A worker that pops a recovered job runs it alone
--- and first records that its handler started (start.lua). An expired lease WITH that
+-- recovered. A job recovered ISOLATE_AFTER times (held by that many dead workers: few
+-- innocent jobs are) comes back flagged, and the worker that pops it runs it alone and
+-- first records that its handler started (start.lua). An expired lease WITH that
 -- mark is charged: the attempt stays used and the crash is counted; when it was the
 -- last attempt the job is dead-lettered as crashed_worker. Marks go at ack, nack and
 -- here at dead-lettering.
@@ -30,7 +31,7 @@
 -- Returns {now_ms, next_due_ms or -1, next_deadline_ms or -1, promoted, reaped,
 --          expired (dead-lettered: lease_expired), malformed (dead-lettered:
 --          decode_error), crashed (dead-lettered: crashed_worker), {positions (1-based,
---          among the jobs) of recovered jobs}, job, job, ...}; each job is the entry
+--          among the jobs) of jobs to run alone}, job, job, ...}; each job is the entry
 --          with its attempt counted.
 local delayed = KEYS[1]
 local reserved = KEYS[2]
@@ -43,6 +44,8 @@ local READY9 = 8  -- KEYS[READY9 + 9 - p] is the ready list of priority p
 local stats = KEYS[18]
 local recovered = KEYS[19]
 local started = KEYS[20]
+
+local ISOLATE_AFTER = 2  -- recoveries after which a job runs alone, its start recorded
 
 local now = now_ms()
 local want = tonumber(ARGV[1])
@@ -157,7 +160,8 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
           zargs[#zargs + 1] = deadline
           zargs[#zargs + 1] = id .. ':' .. (a + 1)
           out[#out + 1] = r
-          if any_recovered and redis.call('HEXISTS', recovered, id) == 1 then
+          local rec = any_recovered and redis.call('HGET', recovered, id)
+          if rec and (tonumber(string.match(rec, '^(%d+)')) or 0) >= ISOLATE_AFTER then
             marks[#marks + 1] = #out - header_n
           end
         else

@@ -12,10 +12,10 @@ or dead letter) whatever the handler does:
   ends only when its queues are empty;
 * a cancellation of the runner (a stop): the job is given back (``release.lua``).
 
-A job recovered from a dead worker (pop.lua's crash marks) runs alone: no other
-handler runs in this process from the moment its start is recorded (``start.lua``)
-until its outcome is written, so if the process dies, that job is the suspect and its
-neighbours get their attempt back.
+A job that dead workers held repeatedly (pop.lua's crash marks flag it, "recovered")
+runs alone: no other handler runs in this process from the moment its start is
+recorded (``start.lua``) until its outcome is written, so if the process dies, that job
+is the suspect and its neighbours get their attempt back.
 
 Runners wake each other in a chain: a runner that takes a job while more are buffered
 wakes one idle runner, unless one is already on its way. Jobs that never yield are then

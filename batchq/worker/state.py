@@ -119,7 +119,7 @@ class Counters:
     promoted: int = 0
     reaped: int = 0
     recovered: int = 0
-    """Jobs popped that an earlier worker had held when it died (run alone)."""
+    """Jobs popped that dead workers had held repeatedly (each run alone)."""
     by_reason: dict[str, int] = field(default_factory=dict)
 
 

@@ -148,20 +148,21 @@ def test_poison_job_is_dead_lettered_after_its_attempts(app, queue_name, start_w
     app.tasks["sturdy"].options(queue=queue_name).enqueue_many(sturdy)
 
     codes = []
-    for _ in range(8):
+    for _ in range(10):
         if q.stats().pending == 0:
             break
         w = start_worker(queue_name, "-c", "4", "--lease-s", "1", "--burst", wait_ready=False)
         codes.append(wait_exit(w, 30))
     assert q.stats().pending == 0, codes
 
-    # the first crash cannot be pinned on it (its neighbours were reserved too): its
-    # attempt is refunded; then it runs alone, marked started, twice (max_attempts 2)
-    assert codes[:3] == [-signal.SIGKILL] * 3 and codes[-1] == 0, codes
-    assert len(runs("poison")) == 3  # no crash loop
+    # the first two crashes cannot be pinned on it (its neighbours were reserved too):
+    # its attempt is refunded; held by two dead workers, it then runs alone, marked
+    # started, and is charged twice (max_attempts 2)
+    assert codes[:4] == [-signal.SIGKILL] * 4 and codes[-1] == 0, codes
+    assert len(runs("poison")) == 4  # no crash loop
     dead = q.dead_jobs()
-    assert [(d.id, d.reason, d.attempts) for d in dead] == [(pid_, "crashed_worker", 3)]
-    assert "3 workers died holding it" in dead[0].error_message
+    assert [(d.id, d.reason, d.attempts) for d in dead] == [(pid_, "crashed_worker", 4)]
+    assert "4 workers died holding it" in dead[0].error_message
     assert {r.token for r in runs("sturdy")} == set(sturdy)
 
 

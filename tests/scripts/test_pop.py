@@ -218,15 +218,28 @@ def test_reaper_returns_expired_lease_to_the_head_with_attempt_refunded(redis_cl
     assert redis_client.lrange(k.wake, 0, -1) == [b"1"]
 
 
-def test_reaped_job_is_popped_again_with_the_next_attempt_and_marked(redis_client, s, k):
+def test_reaped_job_is_popped_again_with_the_next_attempt(redis_client, s, k):
     job = entry("again", max_attempts=3)
     reserve(redis_client, k, with_attempt(job, 1), deadline=1)
     redis_client.rpush(k.ready_for(0), entry("behind"))
 
     crashed, marks, jobs = pop_marks(s, k, 2)
-    assert (crashed, marks) == (0, [1])  # the first job was recovered, "behind" not
+    assert (crashed, marks) == (0, [])  # recovered once: runs like any other job
     assert jobs == [refunded(job, 2), with_attempt(entry("behind"), 1)]
     assert redis_client.zrange(k.reserved, 0, -1) == [b"again:2", b"behind:1"]
+
+
+def test_a_job_held_by_two_dead_workers_is_flagged_to_run_alone(redis_client, s, k):
+    job = entry("twice", max_attempts=3)
+    reserve(redis_client, k, with_attempt(job, 1), deadline=1)
+    redis_client.rpush(k.ready_for(0), entry("behind"))
+    _, marks, _ = pop_marks(s, k, 2)
+    assert marks == []
+    redis_client.zadd(k.reserved, {b"twice:2": 1, b"behind:1": 1}, xx=True)  # died again
+    _, marks, jobs = pop_marks(s, k, 2)
+    # "twice" was in both dead workers' hands, "behind" only in the second one's
+    assert redis_client.hgetall(k.recovered) == {b"twice": b"2:0", b"behind": b"1:0"}
+    assert [jobs[i - 1].split(b":")[3] for i in marks] == [b"twice"]
 
 
 def test_reaper_never_dead_letters_a_job_not_known_to_have_started(redis_client, s, k):
@@ -241,7 +254,7 @@ def test_reaper_never_dead_letters_a_job_not_known_to_have_started(redis_client,
 def test_started_lease_is_charged_and_dead_lettered_as_crashed_worker(redis_client, s, k):
     raw = entry("poison", prio=6, max_attempts=2, attempt=1)
     member = reserve(redis_client, k, raw, deadline=5)
-    redis_client.hset(k.recovered, "poison", "1:0")
+    redis_client.hset(k.recovered, "poison", "2:0")
     assert s.call(calls.start(k, [member])) == 1
     keep = with_attempt(entry("alive", max_attempts=2), 2)
     keep_member = reserve(redis_client, k, keep, deadline=server_ms(redis_client) + 600_000)
@@ -250,7 +263,7 @@ def test_started_lease_is_charged_and_dead_lettered_as_crashed_worker(redis_clie
     meta, jobs = pop(s, k, 0)
     assert meta[3:] == [0, 1, 0, 0]
     assert redis_client.lrange(k.ready_for(6), 0, -1) == [raw]
-    assert redis_client.hgetall(k.recovered) == {b"poison": b"2:1"}
+    assert redis_client.hgetall(k.recovered) == {b"poison": b"3:1"}
     assert redis_client.hlen(k.started) == 0
 
     # its next run (attempt 2 of 2) starts and its worker dies again: crashed_worker
@@ -271,7 +284,7 @@ def test_started_lease_is_charged_and_dead_lettered_as_crashed_worker(redis_clie
     rec = codec.decode_dead_record(redis_client.hget(k.dead_jobs, "poison"))
     assert (rec["id"], rec["reason"], rec["raw"]) == ("poison", "crashed_worker",
                                                        with_attempt(raw, 2))
-    assert "2 times; 3 workers died holding it" in rec["error_message"]
+    assert "2 times; 4 workers died holding it" in rec["error_message"]
     assert set(rec) == {"id", "reason", "error_message", "raw"}
     assert redis_client.hget(k.stats, "dead") == b"1"
 
@@ -284,7 +297,8 @@ def test_start_skips_a_lease_no_longer_reserved(redis_client, s, k):
 def test_ack_and_nack_forget_the_crash_marks(redis_client, s, k):
     for jid in ("a", "r", "d"):
         reserve(redis_client, k, with_attempt(entry(jid), 1), deadline=1)
-    pop(s, k, 0)  # all three recovered
+    pop(s, k, 0)  # all three recovered...
+    redis_client.hset(k.recovered, mapping={"a": "2:0", "r": "2:0", "d": "2:0"})  # twice
     _, marks, _ = pop_marks(s, k, 3)
     assert marks == [1, 2, 3]
     assert s.call(calls.start(k, [b"a:2", b"r:2", b"d:2"])) == 3
