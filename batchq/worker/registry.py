@@ -7,7 +7,7 @@ of that worker's details, expiring after ``INFO_TTL_S``. The heartbeat loop (eve
 * when anything shown changed since the last publish (jobs in flight, counts, paused),
   writes the details and the heartbeat (ZADD + HSET): the registry follows a busy
   worker within about a second;
-* otherwise refreshes only the heartbeat, every ``REGISTRY_EVERY_S`` (ZADD + PEXPIRE):
+* otherwise refreshes only the heartbeat, every ``REGISTRY_EVERY_S`` (ZADD + EXPIRE):
   an idle worker adds one command a second at most.
 
 A worker that dies stops refreshing: :func:`live_workers` leaves it out once its
@@ -93,7 +93,7 @@ class Registry:
                 "in_flight": st.in_flight,
                 "paused": int(st.fetch_paused),
             })
-        pipe.pexpire(self._info_key, int(INFO_TTL_S * 1000))
+        pipe.expire(self._info_key, int(INFO_TTL_S))
         await pipe.execute()
         self._shown = view
         self._last_beat = time.monotonic()
