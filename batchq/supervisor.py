@@ -33,14 +33,7 @@ from dataclasses import dataclass, replace
 from types import FrameType
 
 from .app import App
-from .exitcodes import (
-    EXIT_ERROR,
-    EXIT_IMPORT,
-    EXIT_OK,
-    EXIT_RECYCLED,
-    EXIT_REDIS,
-    EXIT_STALLED,
-)
+from .exitcodes import EXIT_ERROR, EXIT_IMPORT, EXIT_OK, EXIT_RECYCLED, EXIT_REDIS, EXIT_STALLED
 from .worker import WorkerSettings
 
 log = logging.getLogger("batchq.supervisor")
