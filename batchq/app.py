@@ -58,7 +58,7 @@ class TaskConfig:
             raise TypeError(f"queue must be a str, got {type(self.queue).__name__} "
                             f"{self.queue!r}")
         codec.check_int("priority", self.priority, 0, MAX_PRIORITY)
-        codec.check_int("max_attempts", self.max_attempts, 1)
+        codec.check_int("max_attempts", self.max_attempts, 1, codec.MAX_ATTEMPTS)
         if self.batch_size is not None:
             codec.check_int("batch_size", self.batch_size, 1, 1000)
         if self.timeout_s is not None:

@@ -19,7 +19,8 @@ from typing import Any
 import msgpack
 
 __all__ = [
-    "MAX_HEADER_INT",
+    "HEADER_NUMBER_MAX",
+    "MAX_ATTEMPTS",
     "DecodeError",
     "Job",
     "check_int",
@@ -53,6 +54,7 @@ class Job:
         "queue",
         "raw",
         "ready_ms",
+        "recovered",
         "task",
     )
 
@@ -85,6 +87,8 @@ class Job:
         self.lease = lease or b"%s:%d" % (id.encode(), attempt)
         # when the job became runnable (enqueue time, or its due time if delayed)
         self.ready_ms = enqueued_ms
+        # taken back from a worker that died holding it (the worker runs it alone)
+        self.recovered = False
 
     def __repr__(self) -> str:
         return (
@@ -130,13 +134,19 @@ def new_id() -> str:
 
 # --- entries ---------------------------------------------------------------------------
 
-MAX_HEADER_INT = 10**14 - 1
-"""The largest number a header may carry. The scripts rebuild headers with Lua's
-``tostring``, which prints numbers with 14 significant digits: ``10**14`` comes back as
-``1e+14``, and a job with such a header would be lost to the parser."""
+HEADER_NUMBER_MAX = 999_999_999_999
+"""The largest attempt / max_attempts a header may carry (12 digits). The scripts count
+in Lua doubles written back with 14 significant digits: a longer number would come back
+as ``1e+14`` and the job would vanish. The scripts and ``decode_entry`` treat a longer
+one as malformed (``decode_error``); the producer refuses it."""
+
+MAX_ATTEMPTS = 1_000_000_000
+"""The largest ``max_attempts`` the producer accepts: far below ``HEADER_NUMBER_MAX``, so
+the refunds the reaper grants a job whose worker died (each raises ``max_attempts`` by
+one) can never push the header past what the scripts count exactly."""
 
 
-def check_int(name: str, value: object, lo: int, hi: int = MAX_HEADER_INT) -> int:
+def check_int(name: str, value: object, lo: int, hi: int) -> int:
     """``value`` if it is an ``int`` (not a ``bool``) in ``lo..hi``; else a ``TypeError``
     or ``ValueError`` naming ``name`` and the value."""
     if isinstance(value, bool) or not isinstance(value, int):
@@ -150,9 +160,9 @@ def header(priority: int, max_attempts: int) -> bytes:
     """The header prefix shared by every fresh job of one enqueue call (id follows).
 
     Refuses what the scripts could not route or count: a priority outside 0..9, a
-    ``max_attempts`` below 1 or above ``MAX_HEADER_INT``, a ``bool`` or a non-int."""
+    ``max_attempts`` below 1 or above ``MAX_ATTEMPTS``, a ``bool`` or a non-int."""
     p = check_int("priority", priority, 0, 9)
-    m = check_int("max_attempts", max_attempts, 1)
+    m = check_int("max_attempts", max_attempts, 1, MAX_ATTEMPTS)
     return b"%d:0:%d:" % (p, m)
 
 
@@ -245,13 +255,28 @@ def _explain(
     return TypeError(f"cannot enqueue {task}: {exc}")
 
 
+_HEADER_DIGITS = len(str(HEADER_NUMBER_MAX))
+
+
+def _header_int(field: bytes, what: str) -> int:
+    # the scripts' own rule (_lib.lua parse): ASCII digits only, at most 12 of them;
+    # int() alone would take "+1", " 1", "1_0" and arbitrarily long numbers
+    if not field.isdigit() or len(field) > _HEADER_DIGITS:
+        raise ValueError(f"{what} {field[:20]!r} is not a number of 1..{_HEADER_DIGITS} "
+                         "digits")
+    return int(field)
+
+
 def parse_header(raw: bytes) -> tuple[int, int, int, str, bytes]:
     """``(priority, attempt, max_attempts, id, body)`` of an entry; ``DecodeError`` if bad."""
     try:
         p, a, m, jid, body = raw.split(b":", 4)
-        if len(p) != 1:
+        if len(p) != 1 or not p.isdigit():
             raise ValueError("priority is one digit")
-        return int(p), int(a), int(m), jid.decode("ascii"), body
+        if not jid:
+            raise ValueError("empty id")
+        return (int(p), _header_int(a, "attempt"), _header_int(m, "max_attempts"),
+                jid.decode("ascii"), body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise DecodeError(f"malformed job header: {exc}") from None
 
@@ -263,32 +288,64 @@ _unpackb = msgpack.unpackb
 def decode_entry(raw: bytes, queue: str) -> Job:
     """The ``Job`` in an entry; raises ``DecodeError`` with the reason when it is not one.
 
-    On the worker's hot path (about a microsecond): the fields are set directly rather
-    than through ``Job.__init__``."""
+    Every field is checked here, before the job is accepted: a job that reaches a
+    handler (and the metrics code) has a str task, a list of args, a str-keyed dict of
+    kwargs and integer times. On the worker's hot path (about a microsecond): the fields
+    are set directly rather than through ``Job.__init__``."""
     try:
         p, a, m, jid, body = raw.split(b":", 4)
+        if len(p) != 1 or not p.isdigit() or not jid:
+            raise ValueError("priority is one digit and the id is not empty")
         job = _new_job(Job)
         job.id = jid.decode("ascii")
-        job.attempt = int(a)
-        job.max_attempts = int(m)
+        job.attempt = _header_int(a, "attempt")
+        job.max_attempts = _header_int(m, "max_attempts")
         job.priority = int(p)
     except (ValueError, UnicodeDecodeError) as exc:
         raise DecodeError(f"malformed job header: {exc}") from None
     job.lease = jid + b":" + a
     job.queue = queue
     job.raw = raw
+    job.recovered = False
     try:
         fields = _unpackb(body, strict_map_key=False)
-        job.task, job.args, job.kwargs, job.enqueued_ms = fields[0], fields[1], fields[2], \
-            fields[3]
     except Exception as exc:
         raise DecodeError(
             f"cannot decode job {job.id} body: {type(exc).__name__}: {exc}") from None
+    if type(fields) is not list or not 4 <= len(fields) <= 5:
+        raise DecodeError(f"job {job.id} body is not [task, args, kwargs, enqueued_at"
+                          f"(, due)]: {type(fields).__name__} {_short(fields)}")
+    job.task, job.args, job.kwargs, job.enqueued_ms = fields[0], fields[1], fields[2], \
+        fields[3]
+    due = fields[4] if len(fields) > 4 else job.enqueued_ms
+    job.ready_ms = due
+    # type() is, not isinstance: a bool is not a time, and msgpack gives exact types
     if type(job.task) is not str or type(job.args) is not list or \
-            type(job.kwargs) is not dict:
-        raise DecodeError(f"job {job.id} body is not [task, args, kwargs, enqueued_at]")
-    job.ready_ms = fields[4] if len(fields) > 4 else job.enqueued_ms
+            type(job.kwargs) is not dict or type(job.enqueued_ms) is not int or \
+            type(due) is not int:
+        raise DecodeError(f"job {job.id} body has a field of the wrong type: "
+                          f"{_bad_field(fields)}")
+    if job.kwargs:
+        for key in job.kwargs:
+            if type(key) is not str:
+                raise DecodeError(f"job {job.id} body: keyword {_short(key)} is not a "
+                                  "string")
     return job
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _bad_field(fields: list[Any]) -> str:
+    names = ("task", "args", "kwargs", "enqueued_at", "due")
+    want = (str, list, dict, int, int)
+    for name, kind, value in zip(names, want, fields, strict=False):
+        if type(value) is not kind:
+            return (f"{name} should be {kind.__name__}, not {type(value).__name__} "
+                    f"{_short(value)}")
+    return "?"
 
 
 def lease_of(raw: bytes) -> tuple[str, bytes]:

@@ -15,7 +15,12 @@ Layout of one queue ``Q`` in namespace ``NS`` (``T`` = ``NS:{NS:Q}``)::
     T:dead:jobs              hash  id -> msgpack dead record (reason, error, raw job bytes)
     T:wake                   list  at most one token; idle workers BLPOP it
     T:paused                 string present while the queue is paused
-    T:stats                  hash  counters kept by the scripts (enqueued)
+    T:stats                  hash  counters kept by the scripts (enqueued, succeeded,
+                                   retried, dead; malformed numbers bad entries)
+    T:recovered              hash  id -> "<recoveries>:<crashes>" of jobs taken back from
+                                   a worker whose lease expired (pop.lua); empty normally
+    T:started                hash  id -> lease of a recovered job whose handler started
+                                   (start.lua): if that worker dies, this job is charged
 """
 
 from __future__ import annotations
@@ -60,6 +65,8 @@ class QueueKeys:
     wake: str = field(init=False)
     paused: str = field(init=False)
     stats: str = field(init=False)
+    recovered: str = field(init=False)
+    started: str = field(init=False)
 
     def __post_init__(self) -> None:
         if not self.queue or any(c in self.queue for c in "{}: \t\r\n"):
@@ -72,7 +79,8 @@ class QueueKeys:
         object.__setattr__(
             self, "ready", tuple(f"{p}:ready:{i}" for i in range(MAX_PRIORITY, -1, -1))
         )
-        for name in ("delayed", "reserved", "inflight", "dead", "wake", "paused", "stats"):
+        for name in ("delayed", "reserved", "inflight", "dead", "wake", "paused", "stats",
+                     "recovered", "started"):
             object.__setattr__(self, name, f"{p}:{name}")
         object.__setattr__(self, "dead_jobs", f"{p}:dead:jobs")
 
@@ -92,4 +100,6 @@ class QueueKeys:
             self.wake,
             self.paused,
             self.stats,
+            self.recovered,
+            self.started,
         )

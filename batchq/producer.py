@@ -32,7 +32,7 @@ from . import codec
 from .clients import Clients
 from .errors import EnqueueError, PayloadTooLarge
 from .keys import MAX_PRIORITY, QueueKeys
-from .scripts import arun_pipeline, run_pipeline
+from .scripts import arun_pipeline, calls, run_pipeline
 
 CHUNK = 1000
 """Jobs per script call (Lua's unpack limit is about 8000 arguments)."""
@@ -136,7 +136,7 @@ class EnqueueOptions:
         if self.priority is not None:
             codec.check_int("priority", self.priority, 0, MAX_PRIORITY)
         if self.max_attempts is not None:
-            codec.check_int("max_attempts", self.max_attempts, 1)
+            codec.check_int("max_attempts", self.max_attempts, 1, codec.MAX_ATTEMPTS)
         if self.delay_s is not None and self.eta is not None:
             raise ValueError("give delay_s or eta, not both")
         if self.delay_s is not None:
@@ -187,13 +187,10 @@ class _Plan:
         return jid, e
 
     def script_args(self, entries: list[bytes], check: bool) -> tuple[list[str], list[Any]]:
-        k = self.keys
-        flag = "1" if check else "0"
-        if self.due is None:
-            return [self.target, k.wake, k.inflight, k.stats], [flag, *entries]
-        due_kind, due_ms = self.due
-        return ([k.delayed, k.wake, k.inflight, self.target, k.stats],
-                [flag, due_kind, due_ms, *entries])
+        p = int(self.head[:1])
+        c = (calls.enqueue(self.keys, p, entries, check=check) if self.due is None else
+             calls.schedule(self.keys, p, self.due[0], self.due[1], entries, check=check))
+        return c.keys, c.args
 
 
 def plan(src: _PlanSource, task: str, queue: str, priority: int, max_attempts: int,

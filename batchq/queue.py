@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from . import codec, stats
 from .clients import Clients
-from .scripts import AsyncScript, SyncScript
+from .scripts import AsyncScript, SyncScript, calls
 from .stats import QueueStats
 
 __all__ = ["DeadJob", "DeadRetention", "Queue", "QueueStats", "atrim_dead"]
@@ -50,7 +50,7 @@ class DeadRetention:
         if isinstance(a, bool) or not isinstance(a, int | float) or not math.isfinite(a) \
                 or a < 0:
             raise ValueError(f"dead_max_age_s must be a finite number >= 0, got {a!r}")
-        codec.check_int("dead_max_count", self.max_count, 0)
+        codec.check_int("dead_max_count", self.max_count, 0, codec.HEADER_NUMBER_MAX)
 
     @classmethod
     def resolve(cls, max_age_s: float | None, max_count: int | None) -> DeadRetention:
@@ -214,17 +214,16 @@ class Queue:
         for start in range(0, len(todo), PAGE):
             page = todo[start : start + PAGE]
             recs = self.clients.redis.hmget(k.dead_jobs, page)
-            args: list[Any] = []
+            pairs: list[tuple[str | bytes, bytes]] = []
             for jid, data in zip(page, recs, strict=True):
                 if not isinstance(data, bytes):
                     continue
                 raw = codec.decode_dead_record(data).get("raw", b"")
                 entry = codec.reset_attempt(raw) if isinstance(raw, bytes) else None
                 if entry is not None:
-                    args += [jid, entry]
-            if args:
-                moved += int(scripts.redrive([k.dead, k.dead_jobs, k.wake, *k.ready, k.stats],
-                                             args))
+                    pairs.append((jid, entry))
+            if pairs:
+                moved += int(scripts.call(calls.redrive(k, pairs)))
         if moved:
             self.clients.register_queue(self.name)
         return moved
@@ -291,7 +290,7 @@ def _text(value: Any) -> str:
 
 def _check_chunks(chunk: int, max_chunks: int) -> int:
     codec.check_int("chunk", chunk, 1, 5000)  # Lua's unpack() takes about 8,000 values
-    return codec.check_int("max_chunks", max_chunks, 1)
+    return codec.check_int("max_chunks", max_chunks, 1, 1_000_000)
 
 
 async def atrim_dead(app: QueueOwner, queue: str, retention: DeadRetention | None = None,

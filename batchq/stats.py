@@ -101,7 +101,7 @@ def ready_ms(head: Any, queue: str) -> int | None:
     except Exception:  # any bytes at all may sit here: never let one crash a reader
         return None
     for v in (ms, enq):
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= codec.MAX_HEADER_INT:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             return None
     return int(ms)
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from types import FrameType
 
 from .app import App
-from .exitcodes import EXIT_ERROR, EXIT_IMPORT, EXIT_OK, EXIT_RECYCLED, EXIT_REDIS
+from .exitcodes import EXIT_ERROR, EXIT_IMPORT, EXIT_OK, EXIT_RECYCLED, EXIT_REDIS, EXIT_STALLED
 from .worker import WorkerSettings
 
 log = logging.getLogger("batchq.supervisor")
@@ -144,7 +144,11 @@ class Supervisor:
                     self._manage()
                     self._manage_metrics()
                     if self.worker_settings.burst and self._drained and not self.children:
-                        log.info("burst: every worker finished")
+                        if self._exit_code == EXIT_STALLED:
+                            log.warning("burst: every worker finished, but jobs are left in "
+                                        "paused queues (exit %d)", EXIT_STALLED)
+                        else:
+                            log.info("burst: every worker finished")
                         return self._exit_code
                 self._sleep(0.2 if self._stopping else 1.0)
                 while self._signals:
@@ -347,10 +351,13 @@ class Supervisor:
             self.restarts["recycled"] += 1
             self._deaths_in_a_row = 0
             return
-        if code == 0:
-            log.info("worker %d (pid %d) finished", child.index, child.pid)
+        if code == 0 or (code == EXIT_STALLED and self.worker_settings.burst):
+            log.info("worker %d (pid %d) finished%s", child.index, child.pid,
+                     " (stalled: jobs left only in paused queues)" if code else "")
             if self.worker_settings.burst:
                 self._booted = self._drained = True
+                if code == EXIT_STALLED:
+                    self._exit_code = EXIT_STALLED
             self._deaths_in_a_row = 0
             return
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
@@ -365,6 +372,11 @@ class Supervisor:
             log.error("worker %d could not boot (%s): stopping", child.index, how)
             self._halt = code
             return
+        if self.worker_settings.burst and self._drained:
+            # a burst child that died after another one found the queues empty may have
+            # held jobs: replace it, so the run ends only when a worker again finds them
+            # empty (never exit 0 with jobs reserved by a dead process)
+            self._drained = False
         unresponsive = child.term_sent_at is not None and child.term_sent_at < time.monotonic()
         self.restarts["unresponsive" if unresponsive else "died"] += 1
         self._deaths_in_a_row += 1

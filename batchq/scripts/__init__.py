@@ -7,6 +7,10 @@ retry cannot apply it twice. Inside pipelines scripts are queued as plain EVALSH
 commands (no SCRIPT EXISTS round trip per pipeline, unlike redis-py's ``Script``);
 ``run_pipeline`` / ``arun_pipeline`` re-run just the commands that hit NOSCRIPT.
 
+Each script's KEYS order lives in ``calls.py`` (one typed builder per script); run a
+built call with ``scripts.call(c)``. The EVALSHA/NOSCRIPT logic is an I/O-free core
+(``_Lua.command``, ``_noscript_reruns``) with thin sync and async shells.
+
 Cluster clients work the same way: a cluster pipeline routes each queued EVALSHA by its
 keys (one slot: all keys of a queue share a hash tag), ``SCRIPT LOAD`` on a cluster
 client goes to every primary, and the re-run ``evalsha`` is routed by key to its node.
@@ -28,8 +32,10 @@ from redis.client import Pipeline as SyncPipeline
 from redis.cluster import ClusterPipeline as SyncClusterPipeline
 from redis.exceptions import NoScriptError
 
+from .calls import Call
+
 NAMES = ("enqueue", "schedule", "pop", "ack", "nack", "release", "extend", "redrive",
-         "lock_acquire", "lock_release", "lock_extend", "periodic_tick", "trim_dead")
+         "start", "trim_dead", "lock_acquire", "lock_release", "lock_extend", "periodic_tick")
 
 _CALLS = "_batchq_calls"
 
@@ -48,11 +54,18 @@ def source(name: str) -> str:
     return lib + "\n" + body
 
 
+# --- the I/O-free core -----------------------------------------------------------------
+
+
 class _Lua:
     def __init__(self, name: str) -> None:
         self.name = name
         self.source = source(name)
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+
+    def command(self, keys: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:
+        """The EVALSHA arguments of one call."""
+        return (self.sha, len(keys), *keys, *args)
 
     def _queue(self, pipe: Any, keys: Sequence[Any], args: Sequence[Any]) -> None:
         calls = getattr(pipe, _CALLS, None)
@@ -60,7 +73,31 @@ class _Lua:
             calls = []
             setattr(pipe, _CALLS, calls)
         calls.append((self, keys, args))
-        pipe.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+        pipe.execute_command("EVALSHA", *self.command(keys, args))
+
+
+_Queued = tuple[_Lua, Sequence[Any], Sequence[Any]]
+
+
+def _noscript_reruns(pipe: Any, results: list[Any]) -> list[tuple[int, _Lua, bool,
+                                                                  Sequence[Any],
+                                                                  Sequence[Any]]]:
+    """The pipelined calls that hit NOSCRIPT: (position, script, load it first?, keys,
+    args); each script is loaded once (on a cluster: on every primary). Clears the
+    pipeline's record of queued scripts."""
+    calls: list[_Queued] = getattr(pipe, _CALLS, [])
+    setattr(pipe, _CALLS, [])
+    out = []
+    loaded: set[str] = set()
+    for i, res in enumerate(results):
+        if isinstance(res, NoScriptError) and i < len(calls):
+            script, keys, args = calls[i]
+            out.append((i, script, script.name not in loaded, keys, args))
+            loaded.add(script.name)
+    return out
+
+
+# --- sync and async shells -------------------------------------------------------------
 
 
 class SyncScript(_Lua):
@@ -78,10 +115,11 @@ class SyncScript(_Lua):
             self._queue(c, keys, args)
             return c
         try:
-            return c.evalsha(self.sha, len(keys), *keys, *args)
+            return c.evalsha(*self.command(keys, args))
         except NoScriptError:
+            # NOSCRIPT: the script did not run, so running it again cannot apply it twice
             c.script_load(self.source)
-            return c.evalsha(self.sha, len(keys), *keys, *args)
+            return c.evalsha(*self.command(keys, args))
 
 
 class AsyncScript(_Lua):
@@ -99,50 +137,37 @@ class AsyncScript(_Lua):
             self._queue(c, keys, args)
             return c
         try:
-            return await c.evalsha(self.sha, len(keys), *keys, *args)
+            return await c.evalsha(*self.command(keys, args))
         except NoScriptError:
             await c.script_load(self.source)
-            return await c.evalsha(self.sha, len(keys), *keys, *args)
+            return await c.evalsha(*self.command(keys, args))
 
 
 def run_pipeline(pipe: SyncPipeline | SyncClusterPipeline, client: redis.Redis) -> list[Any]:
     """Execute a pipeline of queued scripts (``raise_on_error=False``); commands that
     hit NOSCRIPT are loaded and run again one by one. Other errors come back in place."""
-    calls = getattr(pipe, _CALLS, [])
     results: list[Any] = pipe.execute(raise_on_error=False)
-    loaded: set[str] = set()
-    for i, res in enumerate(results):
-        if isinstance(res, NoScriptError) and i < len(calls):
-            script, keys, args = calls[i]
-            if script.name not in loaded:  # once per script (a cluster: every primary)
-                client.script_load(script.source)
-                loaded.add(script.name)
-            try:
-                results[i] = client.evalsha(script.sha, len(keys), *keys, *args)
-            except redis.ResponseError as exc:
-                results[i] = exc
-    setattr(pipe, _CALLS, [])
+    for i, script, load, keys, args in _noscript_reruns(pipe, results):
+        if load:
+            client.script_load(script.source)
+        try:
+            results[i] = client.evalsha(*script.command(keys, args))
+        except redis.ResponseError as exc:
+            results[i] = exc
     return results
 
 
 async def arun_pipeline(pipe: AsyncPipeline | AsyncClusterPipeline,
                         client: redis.asyncio.Redis) -> list[Any]:
     """``run_pipeline`` for asyncio."""
-    calls = getattr(pipe, _CALLS, [])
     results: list[Any] = await pipe.execute(raise_on_error=False)
-    loaded: set[str] = set()
-    for i, res in enumerate(results):
-        if isinstance(res, NoScriptError) and i < len(calls):
-            script, keys, args = calls[i]
-            if script.name not in loaded:
-                await client.script_load(script.source)
-                loaded.add(script.name)
-            try:
-                results[i] = await client.evalsha(
-                    script.sha, len(keys), *keys, *args)
-            except redis.ResponseError as exc:
-                results[i] = exc
-    setattr(pipe, _CALLS, [])
+    for i, script, load, keys, args in _noscript_reruns(pipe, results):
+        if load:
+            await client.script_load(script.source)
+        try:
+            results[i] = await client.evalsha(*script.command(keys, args))
+        except redis.ResponseError as exc:
+            results[i] = exc
     return results
 
 
@@ -159,6 +184,13 @@ class SyncScripts:
         self.release = SyncScript("release", client)
         self.extend = SyncScript("extend", client)
         self.redrive = SyncScript("redrive", client)
+        self.start = SyncScript("start", client)
+
+    def call(self, c: Call,
+             client: redis.Redis | SyncPipeline | SyncClusterPipeline | None = None) -> Any:
+        """Run a call built by ``calls`` (queued, when ``client`` is a pipeline)."""
+        script: SyncScript = getattr(self, c.script)
+        return script(c.keys, c.args, client=client)
 
 
 class AsyncScripts:
@@ -174,3 +206,10 @@ class AsyncScripts:
         self.release = AsyncScript("release", client)
         self.extend = AsyncScript("extend", client)
         self.redrive = AsyncScript("redrive", client)
+        self.start = AsyncScript("start", client)
+
+    async def call(self, c: Call, client: redis.asyncio.Redis | AsyncPipeline
+                   | AsyncClusterPipeline | None = None) -> Any:
+        """Run a call built by ``calls`` (queued, when ``client`` is a pipeline)."""
+        script: AsyncScript = getattr(self, c.script)
+        return await script(c.keys, c.args, client=client)

@@ -11,9 +11,12 @@ local function now_ms()
 end
 
 -- Returns priority, attempt, max_attempts, id, header length; nil when malformed.
+-- attempt and max_attempts have at most 12 digits (codec.HEADER_NUMBER_MAX): Lua numbers
+-- are doubles written back with 14 significant digits, so a longer count would come
+-- back as "1e+14", a lease name no script matches again, and the job would vanish.
 local function parse(e)
   local p, a, m, id = string.match(e, '^(%d):(%d+):(%d+):([^:]+):')
-  if not p then return nil end
+  if not p or #a > 12 or #m > 12 then return nil end
   return tonumber(p), tonumber(a), tonumber(m), id, #p + #a + #m + #id + 4
 end
 
@@ -61,7 +64,7 @@ end
 
 -- Leave one wake token for idle workers (never more than one). A full Redis may refuse
 -- it (see `try_rpush`): a token is a hint, the workers' own timeouts cover its absence.
-local function wake(key)
+local function leave_wake_token(key)
   if redis.call('LLEN', key) == 0 then
     redis.pcall('RPUSH', key, '1')
   end
@@ -90,4 +93,13 @@ end
 -- "<id>:<attempt>" -> id
 local function member_id(m)
   return string.match(m, '^(.*):%d+$')
+end
+
+-- Forget a finished job's crash marks (see pop.lua step 2): only when any job of the
+-- queue has some, so the common path pays one HLEN per call, not one HDEL per job.
+local function forget_marks(recovered, started, ids)
+  if #ids > 0 and redis.call('HLEN', recovered) > 0 then
+    redis.call('HDEL', recovered, unpack(ids))
+    redis.call('HDEL', started, unpack(ids))
+  end
 end

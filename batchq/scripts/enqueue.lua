@@ -10,14 +10,19 @@
 -- ARGV[2..] encoded jobs (1..1000 per call; the caller chunks)
 -- Returns  the length of the ready list after the push, or -1 when the retry found the
 --          jobs already written.
+local ready = KEYS[1]
+local wake = KEYS[2]
+local inflight = KEYS[3]
+local stats = KEYS[4]
+
 if ARGV[1] == '1' then
   local _, _, _, id = parse(ARGV[2])
-  if (id and redis.call('HEXISTS', KEYS[3], id) == 1)
-      or redis.call('LPOS', KEYS[1], ARGV[2], 'RANK', -1, 'MAXLEN', 100000) then
+  if (id and redis.call('HEXISTS', inflight, id) == 1)
+      or redis.call('LPOS', ready, ARGV[2], 'RANK', -1, 'MAXLEN', 100000) then
     return -1
   end
 end
-local n = redis.call('RPUSH', KEYS[1], unpack(ARGV, 2))
-redis.call('HINCRBY', KEYS[4], 'enqueued', #ARGV - 1)
-wake(KEYS[2])
+local n = redis.call('RPUSH', ready, unpack(ARGV, 2))
+redis.call('HINCRBY', stats, 'enqueued', #ARGV - 1)
+leave_wake_token(wake)
 return n

@@ -5,9 +5,11 @@
 -- ARGV[2..] leases "<id>:<attempt>" (at most 1000 per call)
 -- Returns  the positions (1-based, among the leases) of leases that were lost: already
 --          expired and reaped; those are not re-created.
+local reserved = KEYS[1]
+
 local deadline = now_ms() + tonumber(ARGV[1])
 local n = #ARGV - 1
-local scores = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, 2))
+local scores = redis.call('ZMSCORE', reserved, unpack(ARGV, 2))
 local args, lost = {}, {}
 for i = 1, n do
   if scores[i] then
@@ -23,7 +25,7 @@ if #args > 0 then
   -- one atomic script, so no lease is ever missing in between.
   local live = {}
   for i = 2, #args, 2 do live[#live + 1] = args[i] end
-  redis.call('ZREM', KEYS[1], unpack(live))
-  redis.call('ZADD', KEYS[1], unpack(args))
+  redis.call('ZREM', reserved, unpack(live))
+  redis.call('ZADD', reserved, unpack(args))
 end
 return lost

@@ -1,7 +1,7 @@
 -- pop.lua: the worker's one call per fetch. Atomically:
 --   1. moves up to ARGV[3] due delayed jobs to their ready lists (tail),
---   2. returns up to ARGV[3] expired reservations to their ready lists (head), or
---      dead-letters them (reason lease_expired) when their attempts are used up,
+--   2. returns up to ARGV[3] expired reservations to their ready lists (head); see
+--      "crash marks" below for which attempts are refunded and which jobs die,
 --   3. unless the queue is paused, pops up to ARGV[1] jobs, highest priority first,
 --      counts the attempt, and reserves each until now + ARGV[2] ms.
 --
@@ -9,26 +9,56 @@
 -- KEYS[2]  reserved zset         KEYS[6]  wake list
 -- KEYS[3]  inflight hash         KEYS[7]  paused flag
 -- KEYS[4]  dead zset             KEYS[8..17]  ready lists, priority 9 down to 0
--- KEYS[18] stats hash (optional): "dead" counts the leases dead-lettered here
+-- KEYS[18] stats hash: "dead" counts the leases dead-lettered here; "malformed" numbers
+--          the malformed entries, so identical ones each keep their own dead record
+-- KEYS[19] recovered hash: id -> "<recoveries>:<crashes>" of jobs taken back from a
+--          worker whose lease expired
+-- KEYS[20] started hash: id -> lease whose handler started in isolation (start.lua)
 -- ARGV[1]  how many jobs to pop (0 = maintenance only)
 -- ARGV[2]  lease in ms
 -- ARGV[3]  chunk: at most this many delayed and expired jobs are moved per call
 --
+-- Crash marks. An expired lease means its worker died or stalled; the script cannot
+-- know which of that worker's jobs was running. So the job goes back with its attempt
+-- refunded (max_attempts + 1: each run keeps its own lease name) and is marked
+-- recovered. A job recovered ISOLATE_AFTER times (held by that many dead workers: few
+-- innocent jobs are) comes back flagged, and the worker that pops it runs it alone and
+-- first records that its handler started (start.lua). An expired lease WITH that
+-- mark is charged: the attempt stays used and the crash is counted; when it was the
+-- last attempt the job is dead-lettered as crashed_worker. Marks go at ack, nack and
+-- here at dead-lettering.
+--
 -- Returns {now_ms, next_due_ms or -1, next_deadline_ms or -1, promoted, reaped,
 --          expired (dead-lettered: lease_expired), malformed (dead-lettered:
---          decode_error), job, job, ...}; each job is the entry with its attempt counted.
+--          decode_error), crashed (dead-lettered: crashed_worker), {positions (1-based,
+--          among the jobs) of jobs to run alone}, job, job, ...}; each job is the entry
+--          with its attempt counted.
+local delayed = KEYS[1]
+local reserved = KEYS[2]
+local inflight = KEYS[3]
+local dead = KEYS[4]
+local dead_jobs = KEYS[5]
+local wake = KEYS[6]
+local paused = KEYS[7]
+local READY9 = 8  -- KEYS[READY9 + 9 - p] is the ready list of priority p
+local stats = KEYS[18]
+local recovered = KEYS[19]
+local started = KEYS[20]
+
+local ISOLATE_AFTER = 2  -- recoveries after which a job runs alone, its start recorded
+
 local now = now_ms()
 local want = tonumber(ARGV[1])
 local lease = tonumber(ARGV[2])
 local chunk = tonumber(ARGV[3])
 
 local function ready_key(p)
-  return KEYS[8 + 9 - p]
+  return KEYS[READY9 + 9 - p]
 end
 
 -- 1. due delayed jobs -> ready (write before delete; on a full Redis the first write may
 --    be refused: then nothing moves this time, and the pop below still runs)
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, chunk)
+local due = redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, chunk)
 local moved = {}
 for _, e in ipairs(due) do
   local p = tonumber(string.sub(e, 1, 1)) or 0
@@ -36,68 +66,109 @@ for _, e in ipairs(due) do
   moved[#moved + 1] = e
 end
 if #moved > 0 then
-  redis.call('ZREM', KEYS[1], unpack(moved))
+  redis.call('ZREM', delayed, unpack(moved))
 end
 
 -- 2. expired reservations -> ready head (latest first, so the earliest ends up in
---    front), or dead when out of attempts
-local reaped, buried = 0, 0
-local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, chunk)
+--    front), or dead
+local reaped, buried, crashed = 0, 0, 0
+local expired = redis.call('ZRANGEBYSCORE', reserved, '-inf', now, 'LIMIT', 0, chunk)
 local gone = {}
 for x = #expired, 1, -1 do
   local m = expired[x]
   local id = member_id(m)
-  local e = id and redis.call('HGET', KEYS[3], id)
+  local e = id and redis.call('HGET', inflight, id)
   local ok = true
   if e then
-    local p, a, mx = parse(e)
-    if p and a < mx then
-      ok = try_lpush(ready_key(p), e)
-      if ok then reaped = reaped + 1 end
-    else
-      ok = try_hset(KEYS[5], id, dead_record(id, 'lease_expired',
-        'the worker running attempt ' .. tostring(a) .. ' died or lost its lease', e))
+    local p, a, mx, _, hl = parse(e)
+    local rec = redis.call('HGET', recovered, id)
+    local n, c = 0, 0
+    if rec then
+      local sn, sc = string.match(rec, '^(%d+):(%d+)$')
+      n, c = tonumber(sn) or 0, tonumber(sc) or 0
+    end
+    local charged = p and redis.call('HGET', started, id) == m
+    if not p then
+      -- a malformed in-flight entry (written by hand): nothing can run it
+      ok = try_hset(dead_jobs, id, dead_record(id, 'lease_expired',
+        'the lease of a malformed entry expired', e))
       if ok then
-        redis.call('ZADD', KEYS[4], now, id)
+        redis.call('ZADD', dead, now, id)
         buried = buried + 1
       end
+    elseif charged and a >= mx then
+      ok = try_hset(dead_jobs, id, dead_record(id, 'crashed_worker',
+        'its worker died (or stalled past its lease) while running it, ' .. (c + 1)
+        .. ' times; ' .. (n + 1) .. ' workers died holding it', e))
+      if ok then
+        redis.call('ZADD', dead, now, id)
+        redis.call('HDEL', recovered, id)
+        crashed = crashed + 1
+      end
+    else
+      if charged then
+        c = c + 1
+        ok = try_lpush(ready_key(p), e)
+      else
+        -- not known to have started: an innocent neighbour, its attempt refunded by
+        -- raising max_attempts (not by lowering attempt: the next run must hold a new
+        -- lease name, or a late ack of this one would finish it)
+        ok = try_lpush(ready_key(p), with_attempt(e, p, a, mx + 1, id, hl))
+      end
+      if ok then
+        redis.call('HSET', recovered, id, (n + 1) .. ':' .. c)
+        reaped = reaped + 1
+      end
     end
-    if ok then redis.call('HDEL', KEYS[3], id) end
+    if ok then
+      redis.call('HDEL', started, id)
+      redis.call('HDEL', inflight, id)
+    end
   end
   if not ok then break end  -- refused (full Redis): the rest stay reserved until later
   gone[#gone + 1] = m
 end
 if #gone > 0 then
-  redis.call('ZREM', KEYS[2], unpack(gone))
+  redis.call('ZREM', reserved, unpack(gone))
 end
-if KEYS[18] and buried > 0 then
-  redis.call('HINCRBY', KEYS[18], 'dead', buried)
+if buried + crashed > 0 then
+  redis.call('HINCRBY', stats, 'dead', buried + crashed)
 end
 if #moved > 0 or reaped > 0 then
-  wake(KEYS[6])
+  leave_wake_token(wake)
 end
 
 -- 3. pop and reserve
-local out = {now, -1, -1, #moved, reaped, buried, 0}
-if want > 0 and redis.call('EXISTS', KEYS[7]) == 0 then
+local marks = {}
+local out = {now, -1, -1, #moved, reaped, buried, 0, crashed, marks}
+local header_n = #out
+if want > 0 and redis.call('EXISTS', paused) == 0 then
   local deadline = now + lease
+  local any_recovered = redis.call('HLEN', recovered) > 0
   local hargs, zargs = {}, {}
-  for k = 8, 17 do
+  for p = 9, 0, -1 do
     if want <= 0 then break end
-    local items = redis.call('LPOP', KEYS[k], want)
+    local items = redis.call('LPOP', ready_key(p), want)
     if items then
       want = want - #items
       for _, e in ipairs(items) do
-        local p, a, mx, id, hl = parse(e)
-        if p then
-          local r = with_attempt(e, p, a + 1, mx, id, hl)
+        local ep, a, mx, id, hl = parse(e)
+        if ep then
+          local r = with_attempt(e, ep, a + 1, mx, id, hl)
           hargs[#hargs + 1] = id
           hargs[#hargs + 1] = r
           zargs[#zargs + 1] = deadline
           zargs[#zargs + 1] = id .. ':' .. (a + 1)
           out[#out + 1] = r
+          local rec = any_recovered and redis.call('HGET', recovered, id)
+          if rec and (tonumber(string.match(rec, '^(%d+)')) or 0) >= ISOLATE_AFTER then
+            marks[#marks + 1] = #out - header_n
+          end
         else
-          bury(KEYS[4], KEYS[5], now, 'raw-' .. string.sub(redis.sha1hex(e), 1, 20),
+          -- each malformed entry keeps its own record, even identical ones
+          local seq = redis.call('HINCRBY', stats, 'malformed', 1)
+          bury(dead, dead_jobs, now,
+            'raw-' .. string.sub(redis.sha1hex(e), 1, 20) .. '-' .. seq,
             'decode_error', 'malformed job header', e)
           out[7] = out[7] + 1
         end
@@ -105,17 +176,17 @@ if want > 0 and redis.call('EXISTS', KEYS[7]) == 0 then
     end
   end
   if #hargs > 0 then
-    redis.call('HSET', KEYS[3], unpack(hargs))
-    redis.call('ZADD', KEYS[2], unpack(zargs))
+    redis.call('HSET', inflight, unpack(hargs))
+    redis.call('ZADD', reserved, unpack(zargs))
   end
   if want <= 0 then
     -- a full batch: more may be waiting, let the next idle worker look
-    wake(KEYS[6])
+    leave_wake_token(wake)
   end
 end
 
-local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local first = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
 if first[2] then out[2] = tonumber(first[2]) end
-first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+first = redis.call('ZRANGE', reserved, 0, 0, 'WITHSCORES')
 if first[2] then out[3] = tonumber(first[2]) end
 return out

@@ -7,19 +7,29 @@
 --          dead record's raw bytes)
 -- Returns  how many moved; an id no longer in the dead store is skipped, so two
 --          concurrent redrives cannot run a job twice.
+local dead = KEYS[1]
+local dead_jobs = KEYS[2]
+local wake = KEYS[3]
+local READY9 = 4  -- KEYS[READY9 + 9 - p] is the ready list of priority p
+local stats = KEYS[14]
+
+local function ready_key(p)
+  return KEYS[READY9 + 9 - p]
+end
+
 local n = 0
 for i = 1, #ARGV - 1, 2 do
   local id, e = ARGV[i], ARGV[i + 1]
-  if redis.call('HEXISTS', KEYS[2], id) == 1 then
+  if redis.call('HEXISTS', dead_jobs, id) == 1 then
     local p = tonumber(string.sub(e, 1, 1)) or 0
-    redis.call('RPUSH', KEYS[4 + 9 - p], e)
-    redis.call('HDEL', KEYS[2], id)
-    redis.call('ZREM', KEYS[1], id)
+    redis.call('RPUSH', ready_key(p), e)
+    redis.call('HDEL', dead_jobs, id)
+    redis.call('ZREM', dead, id)
     n = n + 1
   end
 end
 if n > 0 then
-  redis.call('HINCRBY', KEYS[14], 'enqueued', n)
-  wake(KEYS[3])
+  redis.call('HINCRBY', stats, 'enqueued', n)
+  leave_wake_token(wake)
 end
 return n

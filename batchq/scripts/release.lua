@@ -3,22 +3,36 @@
 --
 -- KEYS[1]  reserved zset         KEYS[3]  wake list
 -- KEYS[2]  inflight hash         KEYS[4..13]  ready lists, priority 9 down to 0
+-- KEYS[14] started hash: a given-back job did not crash its worker, its mark goes
+--          (its "recovered" mark stays: it still runs alone next time)
 -- ARGV     leases "<id>:<attempt>" in the order the jobs were popped
 -- Returns  how many were given back (stale leases are skipped).
+local reserved = KEYS[1]
+local inflight = KEYS[2]
+local wake = KEYS[3]
+local READY9 = 4  -- KEYS[READY9 + 9 - p] is the ready list of priority p
+local started = KEYS[14]
+
+local function ready_key(p)
+  return KEYS[READY9 + 9 - p]
+end
+
+local marks = redis.call('HLEN', started) > 0
 local n = 0
 for i = #ARGV, 1, -1 do
   local m = ARGV[i]
   local id = member_id(m)
-  local e = id and redis.call('ZSCORE', KEYS[1], m) and redis.call('HGET', KEYS[2], id)
+  local e = id and redis.call('ZSCORE', reserved, m) and redis.call('HGET', inflight, id)
   if e then
     local p, a, mx, _, hl = parse(e)
     if p then
-      redis.call('LPUSH', KEYS[4 + 9 - p], with_attempt(e, p, math.max(a - 1, 0), mx, id, hl))
-      redis.call('ZREM', KEYS[1], m)
-      redis.call('HDEL', KEYS[2], id)
+      redis.call('LPUSH', ready_key(p), with_attempt(e, p, math.max(a - 1, 0), mx, id, hl))
+      redis.call('ZREM', reserved, m)
+      redis.call('HDEL', inflight, id)
+      if marks then redis.call('HDEL', started, id) end
       n = n + 1
     end
   end
 end
-if n > 0 then wake(KEYS[3]) end
+if n > 0 then leave_wake_token(wake) end
 return n

@@ -11,11 +11,17 @@
 -- ARGV[3]  the delay or the due time
 -- ARGV[4..] encoded jobs (at most 1000 per call)
 -- Returns  the due time used (ms), or -1 when the retry found the jobs already written.
+local delayed = KEYS[1]
+local wake = KEYS[2]
+local inflight = KEYS[3]
+local ready = KEYS[4]
+local stats = KEYS[5]
+
 if ARGV[1] == '1' then
   local _, _, _, id = parse(ARGV[4])
-  if redis.call('ZSCORE', KEYS[1], ARGV[4])
-      or (id and redis.call('HEXISTS', KEYS[3], id) == 1)
-      or redis.call('LPOS', KEYS[4], ARGV[4], 'RANK', -1, 'MAXLEN', 100000) then
+  if redis.call('ZSCORE', delayed, ARGV[4])
+      or (id and redis.call('HEXISTS', inflight, id) == 1)
+      or redis.call('LPOS', ready, ARGV[4], 'RANK', -1, 'MAXLEN', 100000) then
     return -1
   end
 end
@@ -28,7 +34,7 @@ for i = 4, #ARGV do
   args[#args + 1] = due
   args[#args + 1] = ARGV[i]
 end
-redis.call('ZADD', KEYS[1], unpack(args))
-redis.call('HINCRBY', KEYS[5], 'enqueued', #ARGV - 3)
-wake(KEYS[2])
+redis.call('ZADD', delayed, unpack(args))
+redis.call('HINCRBY', stats, 'enqueued', #ARGV - 3)
+leave_wake_token(wake)
 return due

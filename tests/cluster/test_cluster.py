@@ -23,7 +23,7 @@ import batchq
 from batchq.connection import RedisSettings, is_cluster_url, plain_url, redact
 from batchq.dev.cluster import EmbeddedCluster
 from batchq.metrics import QueueCollector
-from batchq.scripts import run_pipeline
+from batchq.scripts import calls, run_pipeline
 
 from .conftest import WorkerFactory, node_client, queue_slot, queues_on_nodes, read_runs
 
@@ -96,10 +96,9 @@ def test_scripts_and_pipelines_reload_after_script_flush(cluster: EmbeddedCluste
     pipe = app.redis.pipeline(transaction=False)
     for q in qs:
         k = app.keys(q)
-        app.sync_scripts.pop([k.delayed, k.reserved, k.inflight, k.dead, k.dead_jobs,
-                              k.wake, k.paused, *k.ready], [4, 30_000, 100], client=pipe)
+        app.sync_scripts.call(calls.pop(k, 4, 30_000, 100), client=pipe)
     results = run_pipeline(pipe, app.redis)
-    assert [len(r) - 7 for r in results] == [4, 4, 4], results
+    assert [len(r) - 9 for r in results] == [4, 4, 4], results
 
     # enqueue_many windows (several chunks: pipelined) and a lone call, sync and async
     flush_scripts()

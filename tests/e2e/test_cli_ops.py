@@ -333,7 +333,8 @@ def test_pause_stops_a_worker_and_resume_lets_it_drain(
     assert "paused" in res.stdout
     assert q.is_paused()
 
-    worker = start_cli(["worker", APP, "-q", "default", "--burst"], env=env)
+    # not --burst: a burst run on a paused queue exits EXIT_STALLED (issue 9)
+    worker = start_cli(["worker", APP, "-q", "default"], env=env)
     try:
         deadline = time.monotonic() + 1.2
         while time.monotonic() < deadline:
@@ -343,7 +344,8 @@ def test_pause_stops_a_worker_and_resume_lets_it_drain(
             time.sleep(0.1)
         res = cli(["resume", "default", APP, "--json"], env)
         assert json.loads(res.stdout)["paused"] is False
-        assert worker.wait(timeout=15) == 0, worker.read_log()
+        wait_until(lambda: q.stats().pending == 0, 15)
+        assert worker.poll() is None, worker.read_log()
     finally:
         worker.stop()
     st = q.stats()

@@ -27,7 +27,11 @@ Tasks (the first argument is always the job's token, unique per job):
   cancellation on its first run and sleeps on forever (later runs, whatever their
   attempt number, finish at once: a marker file in ``$FAULT_RUNS`` remembers);
   ``"fail_once"`` raises on its first attempt; ``"block"`` blocks the event loop
-  (``time.sleep``).
+  (``time.sleep``); ``"exit"`` calls ``os._exit(1)``; ``"raise:<kind>"`` raises
+  ``hostile(kind)`` on its first attempt (``"raise:<kind>:always"``: on every attempt).
+* ``hostile_async(token, kind, always=False)`` / ``hostile_sync(...)`` — raise
+  ``hostile(kind)`` (a BaseException that is not an Exception) on their first run, or
+  on every run; ``max_attempts=2``.
 * ``plain(token, secs=0)`` — the same as a plain ``async def`` task (job id ``-``,
   attempt ``0`` in the records: a plain handler does not see its job).
 * ``bulk(jobs)`` — a batch task of up to 100 jobs that does nothing but record (one
@@ -113,6 +117,11 @@ def build(redis_url: str | None, namespace: str, runs_dir: str | None = None, *,
             t0 = rec.start(token, job.id, job.attempt)
             if mode == "poison":
                 os.kill(os.getpid(), signal.SIGKILL)
+            elif mode == "exit":
+                os._exit(1)
+            elif str(mode).startswith("raise:") and (
+                    job.attempt == 1 or str(mode).endswith(":always")):
+                raise hostile(mode.split(":")[1])
             elif mode == "stubborn" and rec.first_time(f"stubborn-{token}"):
                 while True:
                     try:
@@ -134,6 +143,22 @@ def build(redis_url: str | None, namespace: str, runs_dir: str | None = None, *,
             await asyncio.sleep(secs)
         rec.end(token, "-", 0, t0)
 
+    @app.task(max_attempts=2, retry_backoff_s=0.05, retry_backoff_max_s=0.1)
+    async def hostile_async(token: Any, kind: str, always: bool = False) -> None:
+        """Raises ``hostile(kind)`` on its first run (on every run when ``always``)."""
+        t0 = rec.start(token, "-", 0)
+        if always or rec.first_time(f"hostile-{token}"):
+            raise hostile(kind)
+        rec.end(token, "-", 0, t0)
+
+    @app.task(max_attempts=2, retry_backoff_s=0.05, retry_backoff_max_s=0.1)
+    def hostile_sync(token: Any, kind: str, always: bool = False) -> None:
+        """``hostile_async`` as a plain function (run in the thread pool)."""
+        t0 = rec.start(token, "-", 0)
+        if always or rec.first_time(f"hostile-{token}"):
+            raise hostile(kind)
+        rec.end(token, "-", 0, t0)
+
     @app.task(batch_size=100, max_attempts=5)
     async def bulk(jobs: list[batchq.Job]) -> None:
         t = f"{now():.6f}"
@@ -141,6 +166,24 @@ def build(redis_url: str | None, namespace: str, runs_dir: str | None = None, *,
         rec.write("".join(f"E {j.args[0]} {j.id} {j.attempt} {pid} {t} {t}\n" for j in jobs))
 
     return app
+
+
+class HandlerBaseException(BaseException):
+    """A BaseException that is not an Exception, as a hostile handler raises it."""
+
+
+def hostile(kind: str) -> BaseException:
+    """What a hostile handler raises: ``generator_exit``, ``custom`` (a BaseException
+    subclass), ``keyboard``, ``exit0`` (``sys.exit(0)``), ``exit3``, ``cancelled`` (a
+    CancelledError nobody asked for)."""
+    return {
+        "generator_exit": GeneratorExit("hostile"),
+        "custom": HandlerBaseException("hostile"),
+        "keyboard": KeyboardInterrupt(),
+        "exit0": SystemExit(0),
+        "exit3": SystemExit(3),
+        "cancelled": asyncio.CancelledError(),
+    }[kind]
 
 
 def _env_float(name: str) -> float | None:

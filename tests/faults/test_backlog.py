@@ -17,7 +17,7 @@ import checker
 import pytest
 
 from batchq.dev.server import EmbeddedServer
-from batchq.scripts import _Lua
+from batchq.scripts import _Lua, calls
 
 from . import fault_app
 from .conftest import FleetFactory
@@ -44,10 +44,8 @@ def test_a_backlog_of_delayed_jobs_coming_due_at_once(fleet_on: FleetFactory,
         time.sleep(max(0.0, due_at + 0.1 - time.time()))  # all due now
 
         # one pop by hand first: it moves one chunk, however large the backlog
-        keys = [bk.delayed, bk.reserved, bk.inflight, bk.dead, bk.dead_jobs, bk.wake,
-                bk.paused, *bk.ready]
         t1 = time.perf_counter()
-        head = fleet.app.sync_scripts.pop(keys, [0, 30_000, 100])
+        head = fleet.app.sync_scripts.call(calls.pop(bk, 0, 30_000, 100))
         one_pop_ms = (time.perf_counter() - t1) * 1000
         assert head[3] == 100 and r.llen(bk.ready_for(0)) == 100, head[:7]
         r.slowlog_reset()

@@ -7,7 +7,7 @@ huge delay a message without the word delay, ``priority="x"`` a raw comparison e
 tuple keys were accepted (the latter then dead-lettered by the worker), and
 ``max_attempts=10**14`` was accepted although Lua prints it as ``1e+14``.
 
-The values that are accepted at the edges (``max_attempts=codec.MAX_HEADER_INT``,
+The values that are accepted at the edges (``max_attempts=codec.MAX_ATTEMPTS``,
 ``delay_s=0``, int keys) really run: a burst fleet drains them and the checker holds.
 """
 
@@ -131,7 +131,7 @@ def test_values_at_the_edges_are_accepted_and_run(fleet: Fleet) -> None:
         view.enqueue(token, *args, **kwargs)
         tokens.append(token)
 
-    put("max-attempts", plain.options(max_attempts=codec.MAX_HEADER_INT))
+    put("max-attempts", plain.options(max_attempts=codec.MAX_ATTEMPTS))
     put("delay-0", plain.options(delay_s=0))
     put("eta-past", plain.options(eta=datetime(2001, 1, 1)))
     put("eta-int", plain.options(eta=1))
@@ -143,7 +143,7 @@ def test_values_at_the_edges_are_accepted_and_run(fleet: Fleet) -> None:
     fleet.app.tasks["work"].enqueue("nested", 0.0, "", {1: {b"k": [None]}, None: 2})
     tokens.append("nested")
     head = fleet.r.lindex(fleet.app.keys("default").ready_for(0), 0)
-    assert head is not None and head.split(b":")[2] == str(codec.MAX_HEADER_INT).encode()
+    assert head is not None and head.split(b":")[2] == str(codec.MAX_ATTEMPTS).encode()
 
     fleet.drain("-c", "4")
     report = fleet.check(tokens)

@@ -21,6 +21,7 @@ from helpers import free_port, wait_until
 import batchq
 from batchq import codec
 from batchq.dev.server import EmbeddedServer
+from batchq.scripts import calls
 
 from .conftest import FleetFactory
 
@@ -214,10 +215,8 @@ def test_a_full_redis_drains_with_a_due_job_or_an_expired_lease(
     else:  # a worker took it with a 200 ms lease and died
         work.enqueue(special)
         k = fleet.app.keys("default")
-        keys = [k.delayed, k.reserved, k.inflight, k.dead, k.dead_jobs, k.wake, k.paused,
-                *k.ready]
-        got = fleet.app.sync_scripts.pop(keys, [1, 200, 100])
-        assert len(got) == 8
+        got = fleet.app.sync_scripts.call(calls.pop(k, 1, 200, 100))
+        assert len(got) == 10
     written, _ = fill(work, "b")
     clamp(fleet.r)
     time.sleep(0.6)  # the delayed job is due / the lease has expired
@@ -262,8 +261,7 @@ def test_lease_extension_is_not_refused_by_a_full_redis(
     # W1's can slip in between (W1's own pops would do the same a moment later)
     pipe = fleet.r.pipeline(transaction=True)
     pipe.config_set("maxmemory", 0)
-    pipe.evalsha(fleet.app.sync_scripts.pop.sha, 17, k.delayed, k.reserved, k.inflight,
-                 k.dead, k.dead_jobs, k.wake, k.paused, *k.ready, 0, 30_000, 100)
+    fleet.app.sync_scripts.call(calls.pop(k, 0, 30_000, 100), client=pipe)
     _, popped = pipe.execute()
     fleet.until(lambda: len([r for r in fleet.runs() if r.token == "long-job"
                              and r.completed]) >= 1 + popped[4], 10, "the runs end")

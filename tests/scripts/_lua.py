@@ -9,7 +9,10 @@ import redis
 
 from batchq import codec
 from batchq.keys import QueueKeys
-from batchq.scripts import SyncScripts
+from batchq.scripts import SyncScripts, calls
+
+HEAD = 9
+"""pop.lua's reply: nine fields, then the jobs."""
 
 
 def entry(jid: str, prio: int = 0, max_attempts: int = 3, attempt: int = 0,
@@ -41,20 +44,34 @@ def enqueued(r: redis.Redis, k: QueueKeys) -> int:
 
 
 def _pop(s: SyncScripts, k: QueueKeys, want: int, lease: int, chunk: int) -> list[Any]:
-    res: list[Any] = s.pop(
-        [k.delayed, k.reserved, k.inflight, k.dead, k.dead_jobs, k.wake, k.paused, *k.ready],
-        [want, lease, chunk])
+    res: list[Any] = s.call(calls.pop(k, want, lease, chunk))
     return res
 
 
 def pop_reply(s: SyncScripts, k: QueueKeys, want: int, lease: int = 30_000,
               chunk: int = 100) -> tuple[list[int], list[bytes]]:
-    """pop.lua's whole reply: the seven counters and the popped jobs."""
+    """pop.lua's reply: the first seven numbers (now, next_due, next_deadline, promoted,
+    reaped, expired, malformed) and the popped jobs (``crashed`` and the recovered
+    positions: ``pop_marks``)."""
     res = _pop(s, k, want, lease, chunk)
-    return [int(x) for x in res[:7]], list(res[7:])
+    return [int(x) for x in res[:7]], list(res[HEAD:])
+
+
+def pop_marks(s: SyncScripts, k: QueueKeys, want: int, lease: int = 30_000,
+              chunk: int = 100) -> tuple[int, list[int], list[bytes]]:
+    """(crashed, 1-based positions of recovered jobs, jobs) of one pop."""
+    res = _pop(s, k, want, lease, chunk)
+    return int(res[7]), [int(x) for x in res[8]], list(res[HEAD:])
 
 
 def pop(s: SyncScripts, k: QueueKeys, want: int, lease: int = 30_000,
         chunk: int = 100) -> list[bytes]:
     """Only the jobs of pop.lua's reply."""
-    return list(_pop(s, k, want, lease, chunk)[7:])
+    return list(_pop(s, k, want, lease, chunk)[HEAD:])
+
+
+def refunded(e: bytes, attempt: int, times: int = 1) -> bytes:
+    """``e`` with ``attempt`` and its max_attempts raised by ``times``: how the reaper
+    refunds the attempt of a job whose worker died before it was known to start."""
+    p, _, m, jid, body = e.split(b":", 4)
+    return b":".join((p, b"%d" % attempt, b"%d" % (int(m) + times), jid, body))

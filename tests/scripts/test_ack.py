@@ -4,13 +4,13 @@ by its position among the leases."""
 from __future__ import annotations
 
 from batchq.keys import QueueKeys
-from batchq.scripts import SyncScripts
+from batchq.scripts import SyncScripts, calls
 
-from ._lua import entry, ns_keys, pop, with_attempt
+from ._lua import entry, ns_keys, pop, refunded, with_attempt
 
 
 def ack(s: SyncScripts, k: QueueKeys, leases: list[bytes]) -> list[int]:
-    return [int(x) for x in s.ack([k.reserved, k.inflight], leases)]
+    return [int(x) for x in s.call(calls.ack(k, leases))]
 
 
 def test_ack_removes_reservation_and_inflight_entry(redis_client, s, k, namespace):
@@ -23,7 +23,7 @@ def test_ack_removes_reservation_and_inflight_entry(redis_client, s, k, namespac
     assert redis_client.hgetall(k.inflight) == {b"b": with_attempt(entry("b"), 1)}
 
     assert ack(s, k, [b"b:1"]) == []
-    assert ns_keys(redis_client, namespace) == set()
+    assert ns_keys(redis_client, namespace) == {k.stats.encode()}
 
 
 def test_ack_of_a_stale_lease_deletes_nothing(redis_client, s, k):
@@ -32,12 +32,12 @@ def test_ack_of_a_stale_lease_deletes_nothing(redis_client, s, k):
     pop(s, k, 1)
     # the lease expires while the first run is still going; the job is handed out again
     redis_client.zadd(k.reserved, {b"job:1": 1}, xx=True)
-    assert pop(s, k, 1) == [with_attempt(e, 2)]
+    assert pop(s, k, 1) == [refunded(e, 2)]
     deadline = redis_client.zscore(k.reserved, b"job:2")
 
     assert ack(s, k, [b"job:1"]) == [1]
     assert redis_client.zrange(k.reserved, 0, -1, withscores=True) == [(b"job:2", deadline)]
-    assert redis_client.hgetall(k.inflight) == {b"job": with_attempt(e, 2)}
+    assert redis_client.hgetall(k.inflight) == {b"job": refunded(e, 2)}
 
     assert ack(s, k, [b"job:2"]) == []
     assert redis_client.exists(k.reserved, k.inflight) == 0
@@ -75,8 +75,7 @@ def test_ack_leaves_other_queues_state_alone(redis_client, s, k):
 def test_ack_counts_applied_acks_in_the_stats_hash_exactly_once(redis_client, s, k):
     redis_client.rpush(k.ready_for(0), entry("a"), entry("b"))
     pop(s, k, 2)
-    keys = [k.reserved, k.inflight, k.stats]
-    assert [int(x) for x in s.ack(keys, [b"a:1", b"b:1"])] == []
+    assert ack(s, k, [b"a:1", b"b:1"]) == []
     # the same acks again (a reply lost, the flush re-sent): stale, not counted twice
-    assert [int(x) for x in s.ack(keys, [b"a:1", b"b:1"])] == [1, 2]
+    assert ack(s, k, [b"a:1", b"b:1"]) == [1, 2]
     assert redis_client.hget(k.stats, "succeeded") == b"2"

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from batchq.keys import QueueKeys
-from batchq.scripts import SyncScripts
+from batchq.scripts import SyncScripts, calls
 
-from ._lua import entry, pop, server_ms, with_attempt
+from ._lua import entry, pop, refunded, server_ms
 
 
 def extend(s: SyncScripts, k: QueueKeys, lease_ms: int, leases: list[bytes]) -> list[int]:
-    return [int(x) for x in s.extend([k.reserved], [lease_ms, *leases])]
+    return [int(x) for x in s.call(calls.extend(k, lease_ms, leases))]
 
 
 def test_deadlines_are_pushed_to_server_now_plus_lease(redis_client, s, k):
@@ -44,7 +44,7 @@ def test_lost_leases_are_reported_by_position_and_not_recreated(redis_client, s,
     pop(s, k, 3)
     # the lease of "gone" expires and the reaper hands the job out again
     redis_client.zadd(k.reserved, {b"gone:1": 1}, xx=True)
-    assert pop(s, k, 1) == [with_attempt(entry("gone"), 2)]
+    assert pop(s, k, 1) == [refunded(entry("gone"), 2)]
     gone2 = redis_client.zscore(k.reserved, b"gone:2")
 
     before = server_ms(redis_client)

@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import redis
 
 from batchq import codec
 from batchq.keys import QueueKeys
-from batchq.scripts import SyncScripts
+from batchq.scripts import SyncScripts, calls
 
-from ._lua import entry, ns_keys, pop, server_ms, with_attempt
+from ._lua import entry, ns_keys, pop, refunded, server_ms, with_attempt
 
 
 def nack(s: SyncScripts, k: QueueKeys, retries: list[tuple[bytes, int]],
          dead: list[tuple[bytes, bytes]]) -> list[int]:
-    args: list[Any] = [len(retries)]
-    for lease, delay in retries:
-        args += [lease, delay]
-    for lease, rec in dead:
-        args += [lease, rec]
-    return [int(x) for x in s.nack([k.reserved, k.inflight, k.delayed, k.dead, k.dead_jobs, k.wake],
-                                   args)]
+    return [int(x) for x in s.call(calls.nack(k, retries, dead))]
 
 
 def popped(r: redis.Redis, s: SyncScripts, k: QueueKeys, *ids: str,
@@ -44,7 +36,8 @@ def test_retry_moves_the_inflight_entry_to_delayed(redis_client, s, k, namespace
     assert before + 5000 <= delayed[0][1] <= after + 5000
     # an idle worker is woken to learn the retry's due time
     assert redis_client.lrange(k.wake, 0, -1) == [b"1"]
-    assert ns_keys(redis_client, namespace) == {k.delayed.encode(), k.wake.encode()}
+    assert ns_keys(redis_client, namespace) == {k.delayed.encode(), k.wake.encode(),
+                                                k.stats.encode()}
 
 
 def test_retry_with_zero_delay_is_due_now(redis_client, s, k):
@@ -67,7 +60,8 @@ def test_dead_stores_the_record_and_indexes_the_id(redis_client, s, k, namespace
     died = redis_client.zrange(k.dead, 0, -1, withscores=True)
     assert [m for m, _ in died] == [b"d"]
     assert before <= died[0][1] <= after
-    assert ns_keys(redis_client, namespace) == {k.dead.encode(), k.dead_jobs.encode()}
+    assert ns_keys(redis_client, namespace) == {k.dead.encode(), k.dead_jobs.encode(),
+                                                k.stats.encode()}
     back = codec.decode_dead_record(redis_client.hget(k.dead_jobs, "d"))
     assert back["raw"] == job
     assert back["error_type"] == "ValueError"
@@ -105,7 +99,7 @@ def test_stale_lease_after_reap_and_repop_does_not_touch_the_new_run(redis_clien
     popped(redis_client, s, k, "j")
     redis_client.zadd(k.reserved, {b"j:1": 1}, xx=True)  # lease expired
     (second,) = pop(s, k, 1)
-    assert second == with_attempt(entry("j"), 2)
+    assert second == refunded(entry("j"), 2)
 
     assert nack(s, k, [(b"j:1", 1000)], []) == [1]
     assert redis_client.exists(k.delayed) == 0
@@ -134,7 +128,6 @@ def test_stale_positions_count_pairs_across_retries_and_dead(redis_client, s, k)
 def test_nack_counts_retried_and_dead_in_the_stats_hash(redis_client, s, k):
     popped(redis_client, s, k, "r", "d")
     rec = codec.encode_dead_record("d", "failed", b"raw")
-    keys = [k.reserved, k.inflight, k.delayed, k.dead, k.dead_jobs, k.wake, k.stats]
-    assert list(s.nack(keys, [1, b"r:1", 10, b"d:1", rec])) == []
-    assert list(s.nack(keys, [1, b"r:1", 10, b"d:1", rec])) == [1, 2]  # stale: not counted
+    assert nack(s, k, [(b"r:1", 10)], [(b"d:1", rec)]) == []
+    assert nack(s, k, [(b"r:1", 10)], [(b"d:1", rec)]) == [1, 2]  # stale: not counted
     assert redis_client.hmget(k.stats, ["retried", "dead"]) == [b"1", b"1"]

@@ -15,9 +15,10 @@ import redis
 
 from batchq import codec
 from batchq.keys import QueueKeys
+from batchq.scripts import calls
 
 from ._lua import entry as _entry
-from ._lua import ns_keys, server_ms, with_attempt
+from ._lua import ns_keys, pop_marks, refunded, server_ms, with_attempt
 from ._lua import pop_reply as pop
 
 # pop tests encode jobs with a keyword argument, checked after decoding
@@ -194,7 +195,7 @@ def test_promotion_moves_at_most_chunk_jobs_per_call_earliest_first(redis_client
 # --- the reaper --------------------------------------------------------------------------
 
 
-def test_reaper_returns_expired_lease_to_the_head_with_attempt_kept(redis_client, s, k):
+def test_reaper_returns_expired_lease_to_the_head_with_attempt_refunded(redis_client, s, k):
     job = entry("expired", prio=4, max_attempts=3)
     redis_client.rpush(k.ready_for(4), job)
     # a real pop reserves the job, another job arrives meanwhile...
@@ -210,7 +211,9 @@ def test_reaper_returns_expired_lease_to_the_head_with_attempt_kept(redis_client
     assert jobs == []
     assert meta[3:] == [0, 1, 0, 0]
     assert meta[2] == -1
-    assert redis_client.lrange(k.ready_for(4), 0, -1) == [with_attempt(job, 1), queued]
+    # not known to have started: refunded (max_attempts + 1) and marked recovered
+    assert redis_client.lrange(k.ready_for(4), 0, -1) == [refunded(job, 1), queued]
+    assert redis_client.hgetall(k.recovered) == {b"expired": b"1:0"}
     assert redis_client.exists(k.reserved, k.inflight, k.dead, k.dead_jobs) == 0
     assert redis_client.lrange(k.wake, 0, -1) == [b"1"]
 
@@ -220,42 +223,88 @@ def test_reaped_job_is_popped_again_with_the_next_attempt(redis_client, s, k):
     reserve(redis_client, k, with_attempt(job, 1), deadline=1)
     redis_client.rpush(k.ready_for(0), entry("behind"))
 
-    meta, jobs = pop(s, k, 1)
-    assert meta[4] == 1
-    assert jobs == [with_attempt(job, 2)]
-    assert redis_client.zrange(k.reserved, 0, -1) == [b"again:2"]
-    assert redis_client.hgetall(k.inflight) == {b"again": with_attempt(job, 2)}
-    assert redis_client.lrange(k.ready_for(0), 0, -1) == [entry("behind")]
+    crashed, marks, jobs = pop_marks(s, k, 2)
+    assert (crashed, marks) == (0, [])  # recovered once: runs like any other job
+    assert jobs == [refunded(job, 2), with_attempt(entry("behind"), 1)]
+    assert redis_client.zrange(k.reserved, 0, -1) == [b"again:2", b"behind:1"]
 
 
-def test_reaper_dead_letters_when_attempts_are_used_up(redis_client, s, k):
-    raw = entry("poison", prio=6, max_attempts=2, attempt=2)
+def test_a_job_held_by_two_dead_workers_is_flagged_to_run_alone(redis_client, s, k):
+    job = entry("twice", max_attempts=3)
+    reserve(redis_client, k, with_attempt(job, 1), deadline=1)
+    redis_client.rpush(k.ready_for(0), entry("behind"))
+    _, marks, _ = pop_marks(s, k, 2)
+    assert marks == []
+    redis_client.zadd(k.reserved, {b"twice:2": 1, b"behind:1": 1}, xx=True)  # died again
+    _, marks, jobs = pop_marks(s, k, 2)
+    # "twice" was in both dead workers' hands, "behind" only in the second one's
+    assert redis_client.hgetall(k.recovered) == {b"twice": b"2:0", b"behind": b"1:0"}
+    assert [jobs[i - 1].split(b":")[3] for i in marks] == [b"twice"]
+
+
+def test_reaper_never_dead_letters_a_job_not_known_to_have_started(redis_client, s, k):
+    raw = entry("neighbour", prio=6, max_attempts=2, attempt=2)
     reserve(redis_client, k, raw, deadline=5)
+    meta, _ = pop(s, k, 0)
+    assert meta[3:] == [0, 1, 0, 0]
+    assert redis_client.lrange(k.ready_for(6), 0, -1) == [refunded(raw, 2)]
+    assert redis_client.exists(k.dead, k.dead_jobs) == 0
+
+
+def test_started_lease_is_charged_and_dead_lettered_as_crashed_worker(redis_client, s, k):
+    raw = entry("poison", prio=6, max_attempts=2, attempt=1)
+    member = reserve(redis_client, k, raw, deadline=5)
+    redis_client.hset(k.recovered, "poison", "2:0")
+    assert s.call(calls.start(k, [member])) == 1
     keep = with_attempt(entry("alive", max_attempts=2), 2)
     keep_member = reserve(redis_client, k, keep, deadline=server_ms(redis_client) + 600_000)
 
-    before = server_ms(redis_client)
+    # charged: attempt 1 stays used, back to ready; the crash is counted
     meta, jobs = pop(s, k, 0)
+    assert meta[3:] == [0, 1, 0, 0]
+    assert redis_client.lrange(k.ready_for(6), 0, -1) == [raw]
+    assert redis_client.hgetall(k.recovered) == {b"poison": b"3:1"}
+    assert redis_client.hlen(k.started) == 0
+
+    # its next run (attempt 2 of 2) starts and its worker dies again: crashed_worker
+    crashed, marks, jobs = pop_marks(s, k, 1)
+    assert (crashed, marks, jobs) == (0, [1], [with_attempt(raw, 2)])
+    assert s.call(calls.start(k, [b"poison:2"])) == 1
+    redis_client.zadd(k.reserved, {b"poison:2": 5}, xx=True)
+    before = server_ms(redis_client)
+    crashed, _, _ = pop_marks(s, k, 0)
     after = server_ms(redis_client)
-    assert jobs == []
-    assert meta[3:] == [0, 0, 1, 0]
-    assert meta[2] > after  # next_deadline: the live lease
+    assert crashed == 1
     assert redis_client.zrange(k.reserved, 0, -1) == [keep_member]
     assert redis_client.hgetall(k.inflight) == {b"alive": keep}
-    for key in k.ready:
-        assert redis_client.llen(key) == 0
-
+    assert redis_client.exists(k.recovered, k.started) == 0
     died = redis_client.zrange(k.dead, 0, -1, withscores=True)
     assert [m for m, _ in died] == [b"poison"]
     assert before <= died[0][1] <= after
-    data = redis_client.hget(k.dead_jobs, "poison")
-    rec = codec.decode_dead_record(data)
-    assert rec["id"] == "poison"
-    assert rec["reason"] == "lease_expired"
-    assert rec["raw"] == raw
-    assert isinstance(rec["raw"], bytes)
-    assert "attempt 2" in rec["error_message"]
+    rec = codec.decode_dead_record(redis_client.hget(k.dead_jobs, "poison"))
+    assert (rec["id"], rec["reason"], rec["raw"]) == ("poison", "crashed_worker",
+                                                       with_attempt(raw, 2))
+    assert "2 times; 4 workers died holding it" in rec["error_message"]
     assert set(rec) == {"id", "reason", "error_message", "raw"}
+    assert redis_client.hget(k.stats, "dead") == b"1"
+
+
+def test_start_skips_a_lease_no_longer_reserved(redis_client, s, k):
+    assert s.call(calls.start(k, [b"ghost:1"])) == 0
+    assert redis_client.exists(k.started) == 0
+
+
+def test_ack_and_nack_forget_the_crash_marks(redis_client, s, k):
+    for jid in ("a", "r", "d"):
+        reserve(redis_client, k, with_attempt(entry(jid), 1), deadline=1)
+    pop(s, k, 0)  # all three recovered...
+    redis_client.hset(k.recovered, mapping={"a": "2:0", "r": "2:0", "d": "2:0"})  # twice
+    _, marks, _ = pop_marks(s, k, 3)
+    assert marks == [1, 2, 3]
+    assert s.call(calls.start(k, [b"a:2", b"r:2", b"d:2"])) == 3
+    assert s.call(calls.ack(k, [b"a:2"])) == []
+    assert s.call(calls.nack(k, [(b"r:2", 10)], [(b"d:2", b"rec")])) == []
+    assert redis_client.exists(k.recovered, k.started) == 0
 
 
 def test_reaper_dead_record_keeps_large_raw_bytes_intact(redis_client, s, k):
@@ -265,12 +314,26 @@ def test_reaper_dead_record_keeps_large_raw_bytes_intact(redis_client, s, k):
         raw = (codec.header(0, 1) + jid.encode() + b":"
                + codec.encode_body("t", ["x" * size], {}, 1))
         raw = with_attempt(raw, 1)
-        reserve(redis_client, k, raw, deadline=1)
-        meta, _ = pop(s, k, 0)
-        assert meta[5] == 1
+        member = reserve(redis_client, k, raw, deadline=1)
+        s.call(calls.start(k, [member]))
+        crashed, _, _ = pop_marks(s, k, 0)
+        assert crashed == 1
         rec = codec.decode_dead_record(redis_client.hget(k.dead_jobs, jid))
         assert rec["raw"] == raw
         assert rec["id"] == jid
+
+
+@pytest.mark.parametrize("bad", [b"0:1:1e+14:id:body", b"0:1:123456789012345:id:body",
+                                 b"0:1234567890123:3:id:body"])
+def test_a_malformed_in_flight_entry_is_dead_lettered_when_its_lease_expires(
+        redis_client, s, k, bad):
+    redis_client.hset(k.inflight, "id", bad)
+    redis_client.zadd(k.reserved, {b"id:1": 1})
+    meta, _ = pop(s, k, 0)
+    assert meta[5] == 1
+    assert redis_client.exists(k.reserved, k.inflight) == 0
+    rec = codec.decode_dead_record(redis_client.hget(k.dead_jobs, "id"))
+    assert (rec["reason"], rec["raw"]) == ("lease_expired", bad)
 
 
 def test_reaper_drops_a_reservation_without_inflight_entry(redis_client, s, k, namespace):
@@ -323,13 +386,15 @@ def test_paused_queue_promotes_and_reaps_but_pops_nothing(redis_client, s, k):
     meta, jobs = pop(s, k, 10)
     assert jobs == []
     assert meta[1:] == [-1, -1, 1, 1, 0, 0]
-    assert redis_client.lrange(k.ready_for(0), 0, -1) == [reaped, ready, due]
+    assert redis_client.lrange(k.ready_for(0), 1, -1) == [ready, due]
     assert redis_client.exists(k.reserved, k.inflight, k.delayed) == 0
     assert redis_client.get(k.paused) == b"1"
 
+    assert redis_client.lrange(k.ready_for(0), 0, 0) == [refunded(reaped, 1)]
+
     redis_client.delete(k.paused)
     _, jobs = pop(s, k, 10)
-    assert jobs == [with_attempt(reaped, 2), with_attempt(ready, 1), with_attempt(due, 1)]
+    assert jobs == [refunded(reaped, 2), with_attempt(ready, 1), with_attempt(due, 1)]
 
 
 # --- malformed entries -----------------------------------------------------------------------
@@ -351,7 +416,7 @@ def test_malformed_entry_is_dead_lettered_as_decode_error(redis_client, s, k):
     assert len(died) == 1
     dead_id = died[0][0].decode()
     assert dead_id.startswith("raw-")
-    assert dead_id == "raw-" + hashlib.sha1(b"garbage").hexdigest()[:20]
+    assert dead_id == "raw-" + hashlib.sha1(b"garbage").hexdigest()[:20] + "-1"
     assert before <= died[0][1] <= after
     rec = codec.decode_dead_record(redis_client.hget(k.dead_jobs, dead_id))
     assert rec["id"] == dead_id
@@ -361,7 +426,8 @@ def test_malformed_entry_is_dead_lettered_as_decode_error(redis_client, s, k):
 
 
 @pytest.mark.parametrize("bad", [b"x:0:3:id:body", b"12:0:3:id:body", b"0:0:3::body",
-                                 b"0:0:3:id"])
+                                 b"0:0:3:id", b"0:0:100000000000000:id:body",
+                                 b"0:1000000000000:3:id:body", b"0:0:1e+14:id:body"])
 def test_bad_headers_are_dead_lettered(redis_client, s, k, bad):
     redis_client.rpush(k.ready_for(0), bad)
     meta, jobs = pop(s, k, 1)
@@ -371,6 +437,17 @@ def test_bad_headers_are_dead_lettered(redis_client, s, k, bad):
     (dead_id,) = redis_client.zrange(k.dead, 0, -1)
     rec = codec.decode_dead_record(redis_client.hget(k.dead_jobs, dead_id))
     assert (rec["reason"], rec["raw"]) == ("decode_error", bad)
+
+
+def test_identical_malformed_entries_each_keep_their_own_dead_record(redis_client, s, k):
+    bad = b"0:0:100000000000000:same:body"
+    redis_client.rpush(k.ready_for(0), bad, bad)
+    meta, _ = pop(s, k, 1)  # one per call too: the ids must differ across calls
+    meta2, _ = pop(s, k, 1)
+    assert (meta[6], meta2[6]) == (1, 1)
+    assert redis_client.zcard(k.dead) == redis_client.hlen(k.dead_jobs) == 2
+    for rec in redis_client.hvals(k.dead_jobs):
+        assert codec.decode_dead_record(rec)["raw"] == bad
 
 
 # --- meta ------------------------------------------------------------------------------------

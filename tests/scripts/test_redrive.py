@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
 
 import redis
 
 from batchq import codec
 from batchq.keys import QueueKeys
-from batchq.scripts import SyncScripts
+from batchq.scripts import SyncScripts, calls
 
 from ._lua import enqueued, ns_keys, pop
 from ._lua import entry as _entry
@@ -19,10 +18,7 @@ entry = partial(_entry, max_attempts=1)
 
 
 def redrive(s: SyncScripts, k: QueueKeys, pairs: list[tuple[str, bytes]]) -> int:
-    args: list[Any] = []
-    for jid, e in pairs:
-        args += [jid, e]
-    return int(s.redrive([k.dead, k.dead_jobs, k.wake, *k.ready, k.stats], args))
+    return int(s.call(calls.redrive(k, pairs)))
 
 
 def kill(r: redis.Redis, s: SyncScripts, k: QueueKeys, jid: str, prio: int = 0) -> bytes:
@@ -30,8 +26,7 @@ def kill(r: redis.Redis, s: SyncScripts, k: QueueKeys, jid: str, prio: int = 0) 
     r.rpush(k.ready_for(prio), entry(jid, prio))
     (job,) = pop(s, k, 1)
     rec = codec.encode_dead_record(jid, "error", job, error_message="boom")
-    assert s.nack([k.reserved, k.inflight, k.delayed, k.dead, k.dead_jobs, k.wake],
-                  [0, f"{jid}:1", rec]) == []
+    assert s.call(calls.nack(k, dead=[(f"{jid}:1", rec)])) == []
     r.delete(k.wake)
     return job
 
@@ -46,7 +41,7 @@ def test_redrive_moves_dead_jobs_back_with_fresh_attempts(redis_client, s, k, na
     assert redis_client.lrange(k.ready_for(0), 0, -1) == [fresh]
     assert redis_client.lrange(k.wake, 0, -1) == [b"1"]
     # a redriven job counts as enqueued again
-    assert redis_client.hgetall(k.stats) == {b"enqueued": b"1"}
+    assert redis_client.hget(k.stats, "enqueued") == b"1"
     assert ns_keys(redis_client, namespace) == {
         k.ready_for(0).encode(), k.wake.encode(), k.stats.encode()}
     # and it runs again as attempt 1
@@ -95,14 +90,16 @@ def test_other_dead_jobs_stay(redis_client, s, k):
     assert redis_client.hkeys(k.dead_jobs) == [b"b"]
 
 
-def test_lease_expired_record_from_the_reaper_can_be_redriven(redis_client, s, k):
-    redis_client.rpush(k.ready_for(3), entry("reaped", prio=3))
+def test_crashed_worker_record_from_the_reaper_can_be_redriven(redis_client, s, k):
+    redis_client.rpush(k.ready_for(3), entry("reaped", prio=3, max_attempts=1))
     pop(s, k, 1)
-    redis_client.zadd(k.reserved, {b"reaped:1": 1}, xx=True)
+    s.call(calls.start(k, [b"reaped:1"]))  # its handler started...
+    redis_client.zadd(k.reserved, {b"reaped:1": 1}, xx=True)  # ...and its worker died
     pop(s, k, 0)  # max_attempts 1: the reaper dead-letters it
     rec = codec.decode_dead_record(redis_client.hget(k.dead_jobs, "reaped"))
-    assert rec["reason"] == "lease_expired"
+    assert rec["reason"] == "crashed_worker"
 
     fresh = codec.reset_attempt(rec["raw"])
     assert redrive(s, k, [("reaped", fresh)]) == 1
-    assert redis_client.lrange(k.ready_for(3), 0, -1) == [entry("reaped", prio=3)]
+    assert redis_client.lrange(k.ready_for(3), 0, -1) == [entry("reaped", prio=3,
+                                                                 max_attempts=1)]

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from batchq.keys import QueueKeys
-from batchq.scripts import SyncScripts
+from batchq.scripts import SyncScripts, calls
 
-from ._lua import entry, ns_keys, pop, with_attempt
+from ._lua import entry, ns_keys, pop, refunded, with_attempt
 
 
 def release(s: SyncScripts, k: QueueKeys, leases: list[bytes]) -> int:
-    return int(s.release([k.reserved, k.inflight, k.wake, *k.ready], leases))
+    return int(s.call(calls.release(k, leases)))
 
 
 def test_released_jobs_return_to_the_head_in_original_order(redis_client, s, k, namespace):
@@ -79,7 +79,7 @@ def test_release_after_reap_and_repop_leaves_the_new_run_alone(redis_client, s, 
     redis_client.rpush(k.ready_for(0), e)
     pop(s, k, 1)
     redis_client.zadd(k.reserved, {b"r:1": 1}, xx=True)
-    assert pop(s, k, 1) == [with_attempt(e, 2)]
+    assert pop(s, k, 1) == [refunded(e, 2)]
     assert release(s, k, [b"r:1"]) == 0
     assert redis_client.zrange(k.reserved, 0, -1) == [b"r:2"]
     assert redis_client.llen(k.ready_for(0)) == 0

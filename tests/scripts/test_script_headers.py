@@ -19,6 +19,7 @@ import pytest
 import redis
 
 from batchq import scripts
+from batchq.scripts import calls
 
 SCRIPT_DIR = Path(str(resources.files("batchq.scripts")))
 SCRIPT_FILES = sorted(p for p in SCRIPT_DIR.glob("*.lua") if p.name != "_lib.lua")
@@ -394,3 +395,52 @@ def test_library_alone_compiles(redis_client: redis.Redis):
     lib = (SCRIPT_DIR / "_lib.lua").read_text(encoding="utf-8")
     sha = redis_client.script_load(lib)
     assert redis_client.script_exists(sha) == [True]
+
+
+# --- the call builders agree with the scripts ------------------------------------------------
+
+
+def named_keys(path: Path) -> dict[int, str]:
+    """KEYS slot -> name, from the ``local NAME = KEYS[n]`` lines at the top of a script
+    (and ``local READY9 = n``: slots n..n+9 are ready9..ready0)."""
+    out: dict[int, str] = {}
+    for line in body_of(path).splitlines():
+        m = re.match(r"local (\w+) = KEYS\[(\d+)\]\s*$", line)
+        if m:
+            out[int(m.group(2))] = m.group(1)
+        m = re.match(r"local READY9 = (\d+)\b", line)
+        if m:
+            first = int(m.group(1))
+            out.update({first + i: f"ready{9 - i}" for i in range(10)})
+    return out
+
+
+@pytest.mark.parametrize("path", SCRIPT_FILES, ids=lambda p: p.name)
+def test_builder_key_order_matches_the_script(path):
+    order = calls.KEY_ORDER[path.stem]
+    names = named_keys(path)
+    assert sorted(names) == list(range(1, len(order) + 1)), "every KEYS slot named once"
+    assert [names[i] for i in range(1, len(order) + 1)] == list(order)
+    # the body uses only the named locals, never KEYS[...] directly (READY9 aside)
+    body = "\n".join(line for line in body_of(path).splitlines()
+                     if not re.match(r"local \w+ = KEYS\[\d+\]", line))
+    assert re.findall(r"KEYS\[(?!READY9)", body) == []
+    # and the header documents exactly the slots the builder fills
+    documented: set[int] = set()
+    for lo, hi in re.findall(r"\bKEYS\[(\d+)(?:\.\.(\d+))?\]", header_of(path)):
+        documented.update(range(int(lo), int(hi or lo) + 1))
+    assert documented == set(range(1, len(order) + 1))
+
+
+def test_every_script_has_a_builder():
+    assert set(calls.KEY_ORDER) == set(scripts.NAMES)
+
+
+def test_builders_fill_keys_from_the_queue(namespace):
+    from batchq.keys import QueueKeys
+
+    k = QueueKeys(namespace, "q")
+    c = calls.pop(k, 5, 1000, 100)
+    assert c.keys[7:17] == list(k.ready) and c.keys[-3:] == [k.stats, k.recovered, k.started]
+    assert calls.enqueue(k, 3, [b"e"], check=False).keys[0] == k.ready_for(3)
+    assert calls.nack(k, [(b"a:1", 5)], [(b"b:1", b"r")]).args == [1, b"a:1", 5, b"b:1", b"r"]

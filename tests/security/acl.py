@@ -11,7 +11,7 @@ BATCHQ_COMMANDS = (
     # commands the scripts run (ACLs apply inside scripts too)
     "+time", "+exists", "+lpush", "+rpush", "+lpop", "+llen", "+lpos",
     "+zadd", "+zrem", "+zrange", "+zrangebyscore", "+zscore", "+zmscore",
-    "+hset", "+hget", "+hdel", "+hexists", "+hincrby",
+    "+hset", "+hget", "+hdel", "+hexists", "+hincrby", "+hlen",
     # commands sent directly (worker, producer, Queue, CLI, metrics)
     "+blpop", "+lindex", "+sadd", "+smembers", "+zcard", "+zremrangebyscore",
     "+hmget", "+hgetall", "+set", "+del", "+expire", "+multi", "+exec",

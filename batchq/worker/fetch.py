@@ -1,0 +1,302 @@
+"""Fetching: pop jobs into the process, accept them, and wait idle without polling.
+
+The fetch loop keeps at most ``concurrency + 2 x fetch_batch`` jobs in the process: the
+running ones plus two batches of prefetch, so the next pop is on the wire while the
+current batch runs. One ``pop.lua`` call per queue per round (pipelined across queues,
+the order rotating and the free slots split evenly for fairness) pops and reserves jobs,
+promotes due delayed jobs and reaps expired leases. A failed pop backs off from 0.1 s to
+5 s and never crashes the worker.
+
+When no queue has work the fetcher blocks (``BLPOP`` on the queues' wake lists, on its
+own connection) until an enqueue wakes it, the next delayed job is due, a lease
+expires, ``max_block_s`` passes, or a stop. A token that arrives while the worker is
+busy is passed on to another idle worker.
+
+In burst mode the loop ends once nothing is in flight and every served queue is empty
+(exit 0), or when the only jobs left sit in paused queues (``EXIT_STALLED``: waiting
+would never end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
+from .. import codec
+from ..codec import Job
+from ..exitcodes import EXIT_STALLED
+from ..keys import QueueKeys
+from ..metrics import bump
+from ..scripts import arun_pipeline, calls
+from .outcomes import Outcomes
+from .state import BURST_POLL_S, PROMOTE_CHUNK, REDIS_ERRORS, State
+
+log = logging.getLogger("batchq.worker")
+
+_HEAD = 9
+"""pop.lua's reply: {now, next_due, next_deadline, promoted, reaped, expired, malformed,
+crashed, recovered positions, jobs...}"""
+
+
+class Fetcher:
+    def __init__(self, state: State, outcomes: Outcomes) -> None:
+        self.st = state
+        self.out = outcomes
+        self._rotation = 0
+        self._idle = False
+        self._blpop: asyncio.Task[Any] | None = None
+        self._wake_tasks: dict[str, asyncio.Task[None]] = {}
+        """Cluster mode: one blocking wait per wake list, kept across idle waits."""
+
+    async def fetch_loop(self) -> None:
+        st = self.st
+        s = st.settings
+        # two batches beyond the running ones: the next pop is on the wire while the
+        # current batch runs, so Redis and this process work at the same time
+        cap = s.concurrency + 2 * s.fetch_batch
+        pause = 0.0
+        while not st.stopping:
+            if st.fetch_paused:
+                st.room.clear()
+                await st.room.wait()
+                continue
+            free = cap - st.in_flight
+            if s.max_jobs is not None:
+                free = min(free, s.max_jobs - st.jobs_done - st.in_flight)
+                if free <= 0 and st.in_flight == 0:
+                    log.info("max jobs (%d) reached: recycling", s.max_jobs)
+                    st.recycled = True
+                    st.stopping = True
+                    break
+            if free <= 0 or len(st.work) >= 2 * s.fetch_batch:
+                st.room.clear()
+                await st.room.wait()
+                continue
+            try:
+                got, wait_s = await self.pop(free)
+                pause = 0.0
+            except REDIS_ERRORS as exc:
+                # a lost connection, or a server refusing (out of memory, read-only
+                # replica after a failover): back off and try again, never crash
+                pause = min(5.0, max(0.1, pause * 2))
+                log.warning("fetch failed (%s); retrying in %.1fs", exc, pause)
+                await st.sleep_unless_stopped(pause)
+                continue
+            if got:
+                continue
+            if s.burst and st.in_flight == 0:
+                try:
+                    done = await self._burst_done()
+                except REDIS_ERRORS as exc:
+                    log.warning("burst check failed (%s); retrying", exc)
+                    done = False
+                if done:
+                    break
+            if s.burst:
+                # others' reservations or delayed jobs remain: look again soon
+                wait_s = min(wait_s, BURST_POLL_S)
+            await self.idle_wait(wait_s)
+
+    async def pop(self, free: int) -> tuple[int, float]:
+        """Pop from every queue (rotating the order); returns (jobs got, idle wait)."""
+        st = self.st
+        s = st.settings
+        qs = st.queues
+        n = len(qs)
+        lease_ms = int(s.lease_s * 1000)
+        if n == 1:
+            k = qs[0]
+            t0 = time.perf_counter()
+            results = [await st.scripts.call(
+                calls.pop(k, min(free, s.fetch_batch), lease_ms, PROMOTE_CHUNK))]
+            order: tuple[QueueKeys, ...] = qs
+        else:
+            self._rotation = (self._rotation + 1) % n
+            order = qs[self._rotation :] + qs[: self._rotation]
+            share = max(1, min(s.fetch_batch, -(-free // n)))
+            pipe = st.redis.pipeline(transaction=False)
+            for k in order:
+                want = min(share, free)
+                free -= want
+                await st.scripts.call(calls.pop(k, want, lease_ms, PROMOTE_CHUNK), client=pipe)
+            t0 = time.perf_counter()
+            results = await arun_pipeline(pipe, st.redis)
+        failed = [r for r in results if isinstance(r, Exception)]
+        if len(failed) == len(results):
+            raise failed[0]
+        m = st.m
+        if m is not None:
+            m.redis.observe(("pop",), time.perf_counter() - t0)
+        got = 0
+        wait_ms = s.max_block_s * 1000
+        c = st.counters
+        for k, res in zip(order, results, strict=True):
+            if isinstance(res, Exception):
+                # another queue's pop did run (on a cluster: another node): take its
+                # jobs rather than strand them until their leases expire
+                continue
+            now, next_due, next_deadline, promoted, reaped, expired, malformed, crashed, \
+                marks = res[:_HEAD]
+            c.promoted += promoted
+            c.reaped += reaped
+            if expired or malformed or reaped or crashed:
+                for reason, count in (("lease_expired", expired), ("decode_error", malformed),
+                                      ("crashed_worker", crashed)):
+                    if count:
+                        self.out.count_dead(reason, count)
+                if m is not None:
+                    bump(m.redelivered, k.queue, reaped)
+                    bump(m.dead, (k.queue, "", "lease_expired"), expired)
+                    bump(m.dead, (k.queue, "", "decode_error"), malformed)
+                    bump(m.dead, (k.queue, "", "crashed_worker"), crashed)
+            for due in (next_due, next_deadline):
+                if due >= 0:
+                    wait_ms = min(wait_ms, due - now + 2)
+            if len(res) > _HEAD:
+                got_here = self.accept(k.queue, res[_HEAD:], marks)
+                got += got_here
+                if m is not None:
+                    m.batch.observe((k.queue,), got_here)
+        if failed:
+            if not got:
+                raise failed[0]
+            log.warning("fetch from some queues failed (%s); retrying", failed[0])
+        return got, max(0.0, wait_ms / 1000)
+
+    def accept(self, queue: str, entries: list[bytes], marks: list[int] | None = None) -> int:
+        """Decode popped entries into ``work`` (batch tasks grouped; a recovered job on
+        its own, to be run alone). ``marks``: 1-based positions of recovered jobs."""
+        st = self.st
+        held = st.held[queue]
+        tasks = st.tasks
+        groups: dict[str, list[Job]] = {}
+        recovered = set(marks) if marks else ()
+        n = 0
+        for pos, raw in enumerate(entries, 1):
+            try:
+                job = codec.decode_entry(raw, queue)
+            except codec.DecodeError as exc:
+                self.out.bury_raw(queue, raw, "decode_error", exc)
+                continue
+            held[job.lease] = job
+            n += 1
+            t = tasks.get(job.task)
+            if pos in recovered:
+                job.recovered = True
+                st.counters.recovered += 1
+                self.st.work.append([job] if t is not None and t.is_batch else job)
+            elif t is not None and t.is_batch:
+                g = groups.get(job.task)
+                if g is None:
+                    g = groups[job.task] = []
+                    st.work.append(g)
+                g.append(job)
+                if len(g) >= (t.config.batch_size or 1):
+                    del groups[job.task]
+            else:
+                st.work.append(job)
+        st.in_flight += n
+        st.counters.fetched += n
+        if n and not st.waking:
+            st.wake_runners(1)
+        return n
+
+    async def _burst_done(self) -> bool:
+        """Burst mode, nothing in flight and the last pop empty: True when the run is
+        over, with ``state.exit_code`` set (0: the queues are empty; EXIT_STALLED:
+        jobs are left only in paused queues)."""
+        st = self.st
+        pipe = st.redis.pipeline(transaction=False)
+        for k in st.queues:
+            for r in k.ready:
+                pipe.llen(r)
+            pipe.zcard(k.delayed)
+            pipe.zcard(k.reserved)
+            pipe.exists(k.paused)
+        res = await pipe.execute()
+        per = len(st.queues[0].ready) + 3
+        stuck: list[str] = []
+        for i, k in enumerate(st.queues):
+            counts = [int(x) for x in res[i * per : (i + 1) * per]]
+            waiting, reserved, paused = sum(counts[:-2]), counts[-2], bool(counts[-1])
+            if (waiting and not paused) or (reserved and not waiting):
+                # work some worker can do, or leases that will settle (or expire and be
+                # reaped, which a pop does even on a paused queue): keep looking
+                return False
+            if waiting:
+                stuck.append(f"{k.queue} ({waiting} jobs)")
+        if not stuck:
+            log.info("burst: queues are empty, stopping")
+            return True
+        log.warning("burst: cannot make progress: jobs are left only in paused queues: %s; "
+                    "stopping with exit code %d", ", ".join(stuck), EXIT_STALLED)
+        st.exit_code = EXIT_STALLED
+        return True
+
+    async def idle_wait(self, wait_s: float) -> None:
+        """Block until a wake token, ``wait_s`` elapses, or a stop."""
+        if wait_s <= 0:
+            return
+        st = self.st
+        if self._blpop is None or self._blpop.done():
+            keys = [k.wake for k in st.queues]
+            self._blpop = asyncio.create_task(self._blpop_once(keys))
+        stop = asyncio.ensure_future(st.stop_event.wait())
+        self._idle = True
+        try:
+            await asyncio.wait((self._blpop, stop), timeout=wait_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._idle = False
+            stop.cancel()
+
+    async def _blpop_once(self, keys: list[str]) -> None:
+        st = self.st
+        if len(keys) > 1 and isinstance(st.bredis, AsyncRedisCluster):
+            await self._blpop_each(keys)
+            return
+        try:
+            res = await st.bredis.blpop(keys, timeout=st.settings.max_block_s)
+        except REDIS_ERRORS as exc:
+            # any failure (a lost connection, NOPERM, a slot moving) ends this wait
+            # after a pause: never a tight loop, never an unretrieved task exception
+            log.warning("blocking wait failed (%s)", exc)
+            await asyncio.sleep(0.5)
+            return
+        if res is not None and (not self._idle or st.fetch_paused or st.stopping):
+            # the token arrived while this worker was busy, paused or stopping: pass it on
+            # to an idle one
+            with contextlib.suppress(*REDIS_ERRORS):
+                await st.redis.rpush(res[0], "1")
+
+    async def _blpop_each(self, keys: list[str]) -> None:
+        """Cluster mode: a BLPOP over keys of different slots is a CROSSSLOT error, so
+        block on each wake list on its own (one task per queue, each passing on a token
+        that arrives while this worker is busy, as above); return when the first one
+        does. The others keep blocking, ready for the next idle wait."""
+        tasks = self._wake_tasks
+        for key in keys:
+            t = tasks.get(key)
+            if t is None or t.done():
+                tasks[key] = asyncio.create_task(self._blpop_once([key]))
+        try:
+            await asyncio.wait(tasks.values(), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            for t in tasks.values():
+                t.cancel()
+            raise
+
+    async def close(self) -> None:
+        """Cancel the blocking waits."""
+        if self._blpop is not None:
+            self._blpop.cancel()
+            with contextlib.suppress(BaseException):
+                await self._blpop
+        for t in self._wake_tasks.values():
+            t.cancel()
+        await asyncio.gather(*self._wake_tasks.values(), return_exceptions=True)

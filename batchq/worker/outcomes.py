@@ -1,0 +1,215 @@
+"""Outcomes: what a finished run leaves behind, buffered and written in batches.
+
+``ack`` / ``fail`` / ``bury`` settle a job: its lease leaves ``held`` and its result
+goes to the queue's buffer; the flusher writes the buffers with ``ack.lua`` and
+``nack.lua`` (1,000 per call, one pipeline for several), as soon as the loop turns
+after the result was buffered. A failed write puts the buffers back in front of newer
+results and is re-sent with backoff: both scripts skip leases that are already gone, so
+re-sending is safe, and stale results are counted, not treated as errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+import traceback
+from typing import TYPE_CHECKING, Any
+
+from .. import codec
+from ..codec import Job
+from ..errors import Retry
+from ..metrics import bump
+from ..scripts import arun_pipeline, calls
+from .state import CHUNK, REDIS_ERRORS, Buffers, State, backoff_s
+
+if TYPE_CHECKING:
+    from ..app import Task
+
+log = logging.getLogger("batchq.worker")
+
+
+def describe(exc: BaseException) -> str:
+    """``str(exc)``, even for an exception whose ``__str__`` raises (a hostile handler
+    must not break the code that reports it)."""
+    try:
+        return str(exc)
+    except BaseException:
+        return f"<{type(exc).__name__} whose str() failed>"
+
+
+def _format_tb(exc: BaseException) -> str:
+    try:
+        return "".join(traceback.format_exception(exc))
+    except BaseException:
+        return ""
+
+
+class Outcomes:
+    """Settles jobs into the buffers and flushes them."""
+
+    def __init__(self, state: State) -> None:
+        self.st = state
+        self._lock = asyncio.Lock()
+        """One flush at a time: a caller that awaits ``flush`` knows that everything
+        buffered before the call is written when it returns (``run`` relies on it)."""
+
+    # --- settle ------------------------------------------------------------------------
+
+    def settle(self, job: Job) -> Buffers:
+        st = self.st
+        st.held[job.queue].pop(job.lease, None)
+        st.in_flight -= 1
+        st.jobs_done += 1
+        st.flush_event.set()
+        st.room.set()
+        return st.buf[job.queue]
+
+    def ack(self, job: Job) -> None:
+        b = self.settle(job)
+        b.acks.append(job.lease)
+        b.ack_tasks.append(job.task)
+        self.st.counters.succeeded += 1
+
+    def fail(self, job: Job, task: Task[..., Any], exc: BaseException, reason: str) -> None:
+        st = self.st
+        st.counters.failed += 1
+        if st.m is not None:
+            bump(st.m.failed, (job.queue, job.task, reason))
+        if job.attempt >= job.max_attempts:
+            self.bury(job, reason, exc)
+            return
+        c = task.config
+        if isinstance(exc, Retry) and exc.delay_s is not None:
+            delay = exc.delay_s
+        else:
+            delay = backoff_s(c.retry_backoff_s, c.retry_backoff_max_s, job.attempt)
+        log.info("job %s (%s) attempt %d/%d failed: %s: %s; retry in %.2fs", job.id, job.task,
+                 job.attempt, job.max_attempts, type(exc).__name__, describe(exc), delay)
+        self.settle(job).retries.append((job.lease, int(delay * 1000), job.task))
+        st.counters.retried += 1
+
+    def bury(self, job: Job, reason: str, exc: BaseException) -> None:
+        message = describe(exc)
+        log.warning("job %s (%s) dead-lettered: %s: %s: %s", job.id, job.task, reason,
+                    type(exc).__name__, message)
+        record = codec.encode_dead_record(
+            job.id, reason, job.raw, error_type=type(exc).__name__, error_message=message,
+            traceback=_format_tb(exc),
+        )
+        # an unregistered name is not a metrics label: producers must not mint series
+        label = job.task if job.task in self.st.tasks else ""
+        self.settle(job).dead.append((job.lease, record, label, reason))
+        self.count_dead(reason)
+
+    def bury_raw(self, queue: str, raw: bytes, reason: str, exc: BaseException) -> None:
+        """Dead-letter an entry that is not a job (it never entered ``held``)."""
+        jid, lease = codec.lease_of(raw)
+        log.warning("job %r in %s dead-lettered: %s: %s", jid, queue, reason, exc)
+        record = codec.encode_dead_record(jid, reason, raw, error_type=type(exc).__name__,
+                                          error_message=describe(exc))
+        self.st.buf[queue].dead.append((lease, record, "", reason))
+        self.st.flush_event.set()
+        self.count_dead(reason)
+
+    def count_dead(self, reason: str, n: int = 1) -> None:
+        c = self.st.counters
+        c.dead += n
+        c.by_reason[reason] = c.by_reason.get(reason, 0) + n
+
+    # --- flush -------------------------------------------------------------------------
+
+    async def flush_loop(self) -> None:
+        st = self.st
+        while not st.closing:
+            await st.flush_event.wait()
+            st.flush_event.clear()
+            await self.flush_with_retry()
+
+    async def flush_with_retry(self, final: bool = False) -> bool:
+        """Write the buffers; retries with backoff (for ever, or 8 times when ``final``).
+        Returns True once written."""
+        pause = 0.05
+        for _ in range(8 if final else 1_000_000):
+            try:
+                await self.flush()
+                return True
+            except REDIS_ERRORS as exc:
+                # a full Redis (OOM) refuses writes too; acks free memory, so keep trying
+                log.warning("writing results failed (%s); retrying in %.1fs", exc, pause)
+                await asyncio.sleep(pause)
+                pause = min(5.0, pause * 2)
+        log.error("could not write results before exit; their leases will expire and the "
+                  "jobs run again")
+        return False
+
+    async def flush(self) -> None:
+        async with self._lock:
+            await self._flush()
+
+    async def _flush(self) -> None:
+        st = self.st
+        todo = [(k, st.buf[k.queue]) for k in st.queues if st.buf[k.queue]]
+        if not todo:
+            return
+        for k, _ in todo:
+            st.buf[k.queue] = Buffers()
+        # (call, queue, outcome, label of each item for the metrics)
+        batch: list[tuple[calls.Call, str, str, list[Any]]] = []
+        for k, b in todo:
+            q = k.queue
+            for i in range(0, len(b.acks), CHUNK):
+                batch.append((calls.ack(k, b.acks[i : i + CHUNK]), q, "ok",
+                              b.ack_tasks[i : i + CHUNK]))
+            for i in range(0, len(b.retries), CHUNK):
+                part = b.retries[i : i + CHUNK]
+                batch.append((calls.nack(k, retries=[(lease, d) for lease, d, _ in part]),
+                              q, "retry", [t for _, _, t in part]))
+            for i in range(0, len(b.dead), CHUNK):
+                dead = b.dead[i : i + CHUNK]
+                batch.append((calls.nack(k, dead=[(lease, rec) for lease, rec, _, _ in dead]),
+                              q, "dead", [(t, r) for _, _, t, r in dead]))
+        t0 = time.perf_counter()
+        try:
+            if len(batch) == 1:
+                results = [await st.scripts.call(batch[0][0])]
+            else:
+                pipe = st.redis.pipeline(transaction=False)
+                for c, _, _, _ in batch:
+                    await st.scripts.call(c, client=pipe)
+                results = await arun_pipeline(pipe, st.redis)
+                for r in results:
+                    if isinstance(r, Exception):
+                        raise r
+        except BaseException:
+            # put everything back in front of what arrived meanwhile; resending is safe
+            for k, b in todo:
+                b.extend(st.buf[k.queue])
+                st.buf[k.queue] = b
+            raise
+        self._count_flushed(batch, results, time.perf_counter() - t0)
+
+    def _count_flushed(self, batch: list[tuple[calls.Call, str, str, list[Any]]],
+                       results: list[Any], elapsed_s: float) -> None:
+        st = self.st
+        st.counters.stale_acks += sum(len(r) for r in results)
+        m = st.m
+        if m is None:
+            return
+        acks = any(c.script == "ack" for c, _, _, _ in batch)
+        m.redis.observe(("ack" if acks else "nack",), elapsed_s)
+        for (_, q, kind, labels), stale in zip(batch, results, strict=True):
+            # declared at 0 from the start; bumped only when there is something to count
+            if stale:
+                skip = {int(i) - 1 for i in stale}
+                bump(m.stale, q, len(skip))
+                labels = [lab for i, lab in enumerate(labels) if i not in skip]
+            # counted per label in C (Counter), not per job in Python
+            if kind == "dead":
+                for (task, reason), n in collections.Counter(labels).items():
+                    bump(m.dead, (q, task, reason), n)
+            else:
+                target = m.succeeded if kind == "ok" else m.retried
+                for task, n in collections.Counter(labels).items():
+                    bump(target, (q, task), n)

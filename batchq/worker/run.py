@@ -1,0 +1,335 @@
+"""Running: ``concurrency`` runner coroutines take jobs from ``state.work`` and run them.
+
+Async handlers run inline, plain functions in a thread pool of ``concurrency`` threads,
+batch handlers with a list of jobs. Every run ends in exactly one outcome (ack, retry
+or dead letter) whatever the handler does:
+
+* ``Exception``: the attempt failed (``timeout`` when ``timeout_s`` expired);
+* any other ``BaseException`` raised by the handler (``GeneratorExit``, a custom
+  subclass, ``KeyboardInterrupt``, ``SystemExit`` including ``sys.exit(0)``, a
+  ``CancelledError`` nobody asked for): the attempt failed too, and the runner keeps
+  serving. A handler cannot stop the worker (stop it with a signal): a burst run still
+  ends only when its queues are empty;
+* a cancellation of the runner (a stop): the job is given back (``release.lua``).
+
+A job that dead workers held repeatedly (pop.lua's crash marks flag it, "recovered")
+runs alone: no other handler runs in this process from the moment its start is
+recorded (``start.lua``) until its outcome is written, so if the process dies, that job
+is the suspect and its neighbours get their attempt back.
+
+Runners wake each other in a chain: a runner that takes a job while more are buffered
+wakes one idle runner, unless one is already on its way. Jobs that never yield are then
+all run by one runner without a wake-up per job, while jobs that await I/O fan out over
+every runner within a few loop turns. A runner that ran for ``YIELD_EVERY_S`` without
+yielding yields once, so finished jobs' acks are written within that bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..codec import Job
+from .leases import Leases
+from .outcomes import Outcomes, describe
+from .state import YIELD_EVERY_S, State
+
+if TYPE_CHECKING:
+    from ..app import Task
+    from ..metrics import Recorder
+
+log = logging.getLogger("batchq.worker")
+
+
+class JobFailed(Exception):
+    """A per-job failure reported by a batch handler as a message."""
+
+
+class _JobTimeout(Exception):
+    """A handler ran past its task's ``timeout_s``."""
+
+
+async def _with_timeout(coro: Awaitable[Any], timeout_s: float | None, what: str) -> Any:
+    """Await ``coro``, cancelling it after ``timeout_s``; the expiry raises
+    ``_JobTimeout``, while a ``TimeoutError`` raised by the handler itself stays one."""
+    if timeout_s is None:
+        return await coro
+    cm = asyncio.timeout(timeout_s)
+    try:
+        async with cm:
+            return await coro
+    except TimeoutError:
+        if not cm.expired():
+            raise
+        raise _JobTimeout(f"{what} ran longer than {timeout_s}s") from None
+
+
+def _we_are_cancelled() -> bool:
+    """True when the running task was cancelled (a stop), False when a handler raised
+    ``CancelledError`` on its own."""
+    me = asyncio.current_task()
+    return me is not None and me.cancelling() > 0
+
+
+class Runners:
+    def __init__(self, state: State, outcomes: Outcomes, leases: Leases) -> None:
+        self.st = state
+        self.out = outcomes
+        self.leases = leases
+
+    def start(self) -> list[asyncio.Task[None]]:
+        self.st.runner_tasks = [
+            asyncio.create_task(self.runner(), name=f"batchq-run-{i}")
+            for i in range(self.st.settings.concurrency)
+        ]
+        return self.st.runner_tasks
+
+    async def runner(self) -> None:
+        st = self.st
+        work = st.work
+        loop = st.loop
+        me = asyncio.current_task()
+        last_yield = loop.time()
+        while True:
+            if st.stopping:
+                return
+            if not work or st.exclusive:
+                fut = loop.create_future()
+                st.idle_runners.append(fut)
+                await fut
+                st.waking -= 1
+                last_yield = loop.time()
+                continue
+            item = work.popleft()
+            if work and not st.waking:
+                st.wake_runners(1)
+            st.running[me] = item
+            jobs: list[Job] = item if type(item) is list else [item]  # type: ignore[list-item]
+            try:
+                if jobs[0].recovered or (len(jobs) > 1 and any(j.recovered for j in jobs)):
+                    await self._run_alone(item, jobs)
+                else:
+                    st.busy += 1
+                    st.quiet.clear()
+                    try:
+                        await self._run_item(item)
+                    finally:
+                        st.busy -= 1
+                        if not st.busy:
+                            st.quiet.set()
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:
+                log.exception("internal error running %s; failing what is unsettled", jobs)
+                self._settle_leftovers(jobs, exc)
+            now = loop.time()
+            if now - last_yield > YIELD_EVERY_S:
+                await asyncio.sleep(0)  # let the flusher write what finished
+                last_yield = loop.time()
+
+    async def _run_item(self, item: Job | list[Job]) -> None:
+        if type(item) is list:
+            await self._run_batch(item)
+        else:
+            await self._run_one(item)  # type: ignore[arg-type]
+
+    async def _run_alone(self, item: Job | list[Job], jobs: list[Job]) -> None:
+        """A recovered job: wait until no other handler runs, record its start, run it,
+        and write its outcome before another handler may start."""
+        st = self.st
+        st.exclusive = True
+        try:
+            try:
+                await st.quiet.wait()
+                started = await self.leases.mark_started(jobs)
+            except asyncio.CancelledError:
+                st.interrupted.extend(jobs)
+                raise
+            if not started:
+                st.interrupted.extend(jobs)
+                return
+            log.info("running recovered job %s alone (an earlier worker died holding it)",
+                     ", ".join(j.id for j in jobs))
+            st.busy += 1
+            st.quiet.clear()
+            try:
+                await self._run_item(item)
+            finally:
+                st.busy -= 1
+                if not st.busy:
+                    st.quiet.set()
+            # its outcome (and the started mark it clears) is written before any other
+            # handler starts: a crash of a later job must not be charged to this one
+            await self.out.flush_with_retry()
+        finally:
+            st.exclusive = False
+            st.wake_runners(min(len(st.work), len(st.idle_runners)))
+
+    def _settle_leftovers(self, jobs: list[Job], exc: BaseException) -> None:
+        st = self.st
+        for job in jobs:
+            if job.lease not in st.held[job.queue] or job in st.interrupted:
+                continue
+            task = st.tasks.get(job.task)
+            if task is None:
+                self.out.bury(job, "failed", exc)
+            else:
+                self.out.fail(job, task, exc, "failed")
+
+    def _handler_raised(self, job: Job, task: Task[..., Any], exc: BaseException) -> None:
+        """A handler raised a BaseException that is not an Exception."""
+        if isinstance(exc, SystemExit | KeyboardInterrupt):
+            log.error("the handler of job %s (%s) raised %s(%s): a handler cannot stop the "
+                      "worker; the attempt counts as failed", job.id, job.task,
+                      type(exc).__name__, describe(exc))
+        self.out.fail(job, task, exc, "failed")
+
+    def _started(self, job: Job, m: Recorder) -> None:
+        key = (job.queue, job.task)
+        started = m.started
+        started[key] = started.get(key, 0) + 1
+        if job.attempt == 1:
+            m.wait.observe(key, max(0.0, time.time() - job.ready_ms / 1000))
+
+    async def _run_one(self, job: Job) -> None:
+        st = self.st
+        task = st.tasks.get(job.task)
+        if task is None:
+            exc = LookupError(f"no task named {job.task!r} is registered")
+            self.out.bury(job, "unknown_task", exc)
+            return
+        # the hot path: one coroutine per job, metrics inline (plain dict and list updates)
+        m = st.m
+        t0 = 0.0
+        if m is not None:
+            self._started(job, m)
+            t0 = time.perf_counter()
+        if not task.is_async:
+            await self._run_sync(task, job, task.fn, *job.args, **job.kwargs)
+        else:
+            timeout = task.config.timeout_s
+            try:
+                if timeout is None:
+                    await task.fn(*job.args, **job.kwargs)
+                else:
+                    await _with_timeout(task.fn(*job.args, **job.kwargs), timeout, job.task)
+            except asyncio.CancelledError as exc:
+                if _we_are_cancelled():
+                    st.interrupted.append(job)
+                    raise
+                self._handler_raised(job, task, exc)
+            except _JobTimeout as exc:
+                self.out.fail(job, task, exc, "timeout")
+            except Exception as exc:
+                self.out.fail(job, task, exc, "failed")
+            except BaseException as exc:
+                self._handler_raised(job, task, exc)
+            else:
+                self.out.ack(job)
+        if m is not None:
+            m.run.observe((job.queue, job.task), time.perf_counter() - t0)
+
+    async def _run_sync(self, task: Task[..., Any], job: Job, fn: Callable[..., Any],
+                        *args: Any, **kwargs: Any) -> None:
+        """A plain function in the thread pool. A thread cannot be cancelled: at its
+        timeout the attempt fails (retry or dead letter) and the result is discarded,
+        but the runner waits for the thread before it takes another job, so at most
+        ``concurrency`` threads ever run."""
+        fut = asyncio.wrap_future(self.st.thread_pool().submit(fn, *args, **kwargs))
+        timeout = task.config.timeout_s
+        try:
+            if timeout is None:
+                await fut
+            else:
+                try:
+                    await asyncio.wait_for(asyncio.shield(fut), timeout)
+                except TimeoutError:
+                    if fut.done():
+                        raise
+                    self.out.fail(job, task, _JobTimeout(
+                        f"{job.task} ran longer than {timeout}s (its thread was left to "
+                        "finish; the result is discarded)"), "timeout")
+                    with contextlib.suppress(BaseException):
+                        await fut  # hold the slot until the thread returns
+                    return
+        except asyncio.CancelledError as exc:
+            if _we_are_cancelled():
+                self.st.interrupted.append(job)
+                raise
+            self._handler_raised(job, task, exc)
+        except Exception as exc:
+            self.out.fail(job, task, exc, "failed")
+        except BaseException as exc:
+            self._handler_raised(job, task, exc)
+        else:
+            self.out.ack(job)
+
+    async def _run_batch(self, jobs: list[Job]) -> None:
+        m = self.st.m
+        if m is None:
+            await self._run_batch_timed(jobs)
+            return
+        for j in jobs:
+            self._started(j, m)
+        t0 = time.perf_counter()
+        try:
+            await self._run_batch_timed(jobs)
+        finally:
+            elapsed = time.perf_counter() - t0
+            key = (jobs[0].queue, jobs[0].task)
+            for _ in jobs:
+                m.run.observe(key, elapsed)
+
+    async def _run_batch_timed(self, jobs: list[Job]) -> None:
+        st = self.st
+        task = st.tasks[jobs[0].task]
+        timeout = task.config.timeout_s
+        try:
+            if task.is_async:
+                result = await _with_timeout(task.fn(jobs), timeout, f"{task.name} batch")
+            else:
+                result = await st.loop.run_in_executor(st.thread_pool(), task.fn, jobs)
+        except asyncio.CancelledError as exc:
+            if _we_are_cancelled():
+                st.interrupted.extend(jobs)
+                raise
+            for j in jobs:
+                self._handler_raised(j, task, exc)
+            return
+        except _JobTimeout as exc:
+            for j in jobs:
+                self.out.fail(j, task, exc, "timeout")
+            return
+        except Exception as exc:
+            for j in jobs:
+                self.out.fail(j, task, exc, "failed")
+            return
+        except BaseException as exc:
+            for j in jobs:
+                self._handler_raised(j, task, exc)
+            return
+        try:
+            failures: Mapping[Any, Any] = result if isinstance(result, Mapping) else {}
+            errors = [failures.get(j.id) for j in jobs]
+        except Exception as exc:  # a hostile mapping: nothing it says can be trusted
+            for j in jobs:
+                self.out.fail(j, task, exc, "failed")
+            return
+        for j, err in zip(jobs, errors, strict=True):
+            if err is None:
+                self.out.ack(j)
+            else:
+                failure = err if isinstance(err, BaseException) else JobFailed(describe_value(err))
+                self.out.fail(j, task, failure, "failed")
+
+
+def describe_value(value: Any) -> str:
+    """``str(value)`` of what a batch handler reported, even a hostile object."""
+    try:
+        return str(value)
+    except Exception:
+        return f"<{type(value).__name__} whose str() failed>"

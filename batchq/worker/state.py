@@ -1,0 +1,252 @@
+"""The state one worker process shares between its stages (fetch, run, outcomes,
+leases, registry), and the settings it runs with.
+
+Every stage holds the same :class:`State` and reads or changes it on the one event
+loop: no locks. A job's way through it: ``fetch`` puts it in ``held`` (the leases this
+process holds) and ``work`` (not started yet); a runner takes it from ``work``; an
+outcome moves it from ``held`` to ``buf`` (results not written yet); the flush writes
+``buf`` to Redis. ``leases`` extends everything in ``held`` and ``buf``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import os
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import redis
+from redis.asyncio import Redis as AsyncRedis
+from redis.exceptions import RedisClusterException
+
+from ..codec import Job
+from ..exitcodes import EXIT_OK
+from ..keys import QueueKeys
+from ..scripts import AsyncScripts
+
+if TYPE_CHECKING:
+    from ..app import App, Task
+    from ..metrics import Recorder
+
+CHUNK = 1000
+"""Leases per script call (Lua's unpack limit is about 8000 arguments)."""
+
+PROMOTE_CHUNK = 100
+"""Delayed jobs moved and expired leases reaped per pop call."""
+
+BURST_POLL_S = 0.2
+"""In burst mode, how often an idle worker re-checks whether the queues are done."""
+
+STOP_GRACE_S = 2.0
+"""How long a stop waits for cancelled handlers (and helper tasks) to finish."""
+
+METRICS_EVERY_S = 1.0
+"""How often counts aggregated in the process are published to prometheus_client."""
+
+YIELD_EVERY_S = 0.05
+"""A runner that ran jobs without yielding for this long yields once, so the flusher
+writes the finished jobs' acks: the bound on how long a finished job's ack waits in
+this process (plus one Redis round trip), unless one handler itself blocks the loop."""
+
+_CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
+REDIS_ERRORS = (*_CONNECTION_ERRORS, redis.RedisError, RedisClusterException, RuntimeError)
+"""Any failed Redis call: a lost connection, a refusal (OOM, READONLY, NOPERM), and on a
+cluster ``ClusterError`` ("TTL exhausted": a slot kept answering TRYAGAIN/ASK while it
+migrated) or ``SlotNotCoveredError`` (a stale slot map; not a ``RedisError``). Under
+uvloop, writing to a connection the server has reset raises ``RuntimeError("unable to
+perform operation on <TCPTransport closed=True>...")`` instead of a ConnectionError
+(redis-py drops the connection first, so the next call reconnects): it is a lost
+connection too. Only Redis calls sit inside ``except REDIS_ERRORS``."""
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """How one worker process runs."""
+
+    queues: tuple[str, ...] = ()
+    """Queues to serve; empty means every queue the app's tasks use."""
+    concurrency: int = 100
+    lease_s: float = 30.0
+    fetch_batch: int = 100
+    burst: bool = False
+    shutdown_timeout_s: float = 30.0
+    max_block_s: float = 5.0
+    """Longest idle wait between two looks at Redis (bounds idle command rate)."""
+    max_jobs: int | None = None
+    """Stop gracefully after this many jobs (recycling, for leaky handlers)."""
+    install_signal_handlers: bool = True
+    metrics: bool = True
+    """Count jobs for Prometheus (``batchq.metrics``); off saves a little per job."""
+    heartbeat_path: str | None = None
+    """A file whose mtime the loop refreshes every ``heartbeat_interval_s``; the
+    supervisor kills a child whose file goes stale (a blocked event loop)."""
+    heartbeat_interval_s: float = 1.0
+    start_paused: bool = False
+    """Start with fetching paused (a child forked while its supervisor is paused)."""
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, not {self.concurrency!r}")
+        if not self.lease_s >= 1 or self.lease_s == float("inf"):
+            raise ValueError(f"lease_s must be a finite number of seconds >= 1, not "
+                             f"{self.lease_s!r}")
+        if not 1 <= self.fetch_batch <= CHUNK:
+            raise ValueError(f"fetch_batch must be 1..{CHUNK}, not {self.fetch_batch!r}")
+        if self.max_jobs is not None and self.max_jobs < 1:
+            raise ValueError(f"max_jobs must be at least 1, not {self.max_jobs!r}")
+        if not self.heartbeat_interval_s > 0:
+            raise ValueError(f"heartbeat_interval_s must be positive, not "
+                             f"{self.heartbeat_interval_s!r}")
+
+
+@dataclass
+class Counters:
+    """What this process did, for progress output and tests."""
+
+    fetched: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    retried: int = 0
+    dead: int = 0
+    released: int = 0
+    stale_acks: int = 0
+    leases_lost: int = 0
+    promoted: int = 0
+    reaped: int = 0
+    recovered: int = 0
+    """Jobs popped that dead workers had held repeatedly (each run alone)."""
+    by_reason: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Buffers:
+    """Results waiting to be written, per queue (tasks and reasons kept for metrics,
+    which count an outcome only once Redis took it: a stale lease changes nothing)."""
+
+    acks: list[bytes] = field(default_factory=list)
+    ack_tasks: list[str] = field(default_factory=list)
+    retries: list[tuple[bytes, int, str]] = field(default_factory=list)
+    """(lease, retry delay in ms, task)"""
+    dead: list[tuple[bytes, bytes, str, str]] = field(default_factory=list)
+    """(lease, dead record, task, reason)"""
+
+    def extend(self, other: Buffers) -> None:
+        self.acks += other.acks
+        self.ack_tasks += other.ack_tasks
+        self.retries += other.retries
+        self.dead += other.dead
+
+    def leases(self) -> list[bytes]:
+        return [*self.acks, *(r[0] for r in self.retries), *(d[0] for d in self.dead)]
+
+    def __bool__(self) -> bool:
+        return bool(self.acks or self.retries or self.dead)
+
+
+def backoff_s(base_s: float, max_s: float, attempt: int) -> float:
+    """Exponential backoff with equal jitter: half fixed, half random."""
+    d = min(max_s, base_s * 2.0 ** max(0, attempt - 1))
+    return d / 2 + random.uniform(0, d / 2)
+
+
+class State:
+    """Everything the stages of one worker process share."""
+
+    # set by open(), on the running loop
+    loop: asyncio.AbstractEventLoop
+    stop_event: asyncio.Event
+    room: asyncio.Event
+    """Set whenever a job settles (the fetcher may take more) or a stop begins."""
+    flush_event: asyncio.Event
+    """Set whenever a result is buffered (the flusher writes it)."""
+    quiet: asyncio.Event
+    """Set while no handler runs (a recovered job waits for it; see ``run``)."""
+    redis: AsyncRedis
+    bredis: AsyncRedis
+    """The blocking-wait connection (socket timeout longer than the block)."""
+    scripts: AsyncScripts
+
+    def __init__(self, app: App, settings: WorkerSettings, worker_id: str | None) -> None:
+        self.app = app
+        self.settings = s = settings
+        names = s.queues or tuple(app.queues()) or ("default",)
+        self.queues: tuple[QueueKeys, ...] = tuple(app.keys(q) for q in names)
+        self.by_name: dict[str, QueueKeys] = {k.queue: k for k in self.queues}
+        self.worker_id = worker_id or f"{os.uname().nodename}:{os.getpid()}"
+        self.counters = Counters()
+        self.tasks: dict[str, Task[..., Any]] = app.tasks
+        self.work: collections.deque[Job | list[Job]] = collections.deque()
+        """Jobs fetched, not started (batch jobs grouped in lists)."""
+        self.held: dict[str, dict[bytes, Job]] = {k.queue: {} for k in self.queues}
+        """Leases this process holds whose outcome is not buffered yet, per queue."""
+        self.buf: dict[str, Buffers] = {k.queue: Buffers() for k in self.queues}
+        self.interrupted: list[Job] = []
+        """Jobs whose run a stop cancelled: given back with release.lua."""
+        self.in_flight = 0
+        self.jobs_done = 0
+        self.busy = 0
+        """Handlers running now."""
+        self.exclusive = False
+        """A recovered job waits for, or runs in, a process of its own: no runner starts
+        another job meanwhile."""
+        self.idle_runners: collections.deque[asyncio.Future[None]] = collections.deque()
+        self.waking = 0
+        self.running: dict[asyncio.Task[Any] | None, Job | list[Job]] = {}
+        """What each runner took last (for handlers that ignore cancellation)."""
+        self.runner_tasks: list[asyncio.Task[None]] = []
+        self.stopping = False
+        self.fast = False
+        self.closing = False
+        self.fetch_paused = s.start_paused
+        self.recycled = False
+        """True when the worker stopped because it reached ``max_jobs``."""
+        self.exit_code = EXIT_OK
+        self.pool: ThreadPoolExecutor | None = None
+        self.m: Recorder | None = None
+        self.started_at = time.time()
+
+    async def open(self) -> None:
+        """Create what lives on the loop: events and the Redis clients."""
+        self.loop = asyncio.get_running_loop()
+        self.stop_event = asyncio.Event()
+        self.room = asyncio.Event()
+        self.flush_event = asyncio.Event()
+        self.quiet = asyncio.Event()
+        self.quiet.set()
+        s = self.settings
+        self.redis = self.app.redis_settings.async_client()
+        self.bredis = self.app.redis_settings.async_client(socket_timeout_s=s.max_block_s + 10)
+        self.scripts = AsyncScripts(self.redis)
+
+    def thread_pool(self) -> ThreadPoolExecutor:
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(self.settings.concurrency,
+                                           thread_name_prefix="batchq-sync")
+        return self.pool
+
+    def wake_runners(self, n: int) -> None:
+        """Wake up to ``n`` idle runners (all of them when stopping)."""
+        idle = self.idle_runners
+        while n > 0 and idle:
+            fut = idle.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                self.waking += 1
+                n -= 1
+
+    def queued_by_queue(self) -> dict[str, int]:
+        """Jobs fetched and not started, per queue."""
+        queued: dict[str, int] = {}
+        for item in self.work:
+            q = item[0].queue if isinstance(item, list) else item.queue
+            queued[q] = queued.get(q, 0) + (len(item) if isinstance(item, list) else 1)
+        return queued
+
+    async def sleep_unless_stopped(self, delay_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stop_event.wait(), delay_s)

@@ -1,0 +1,248 @@
+"""One worker process: the stages composed on one event loop, and the stop order.
+
+``Worker.run`` opens the shared state, starts the stages' loops (fetch, runners, flush,
+extend, heartbeat/registry, metrics) and, when the fetch loop ends (a stop, burst
+done, recycling), stops them in this order:
+
+1. stop fetching: ``stopping`` is set, an idle wait ends, idle runners exit (a fast stop
+   also cancels the runners);
+2. give back the jobs fetched but never started (``release.lua``);
+3. let running jobs finish until ``shutdown_timeout_s`` (0 when fast), then cancel them
+   and give them back too (a handler that swallows the cancellation is waited for
+   ``STOP_GRACE_S``, then its job is given back anyway);
+4. cancel the helper loops (waited for at most ``STOP_GRACE_S``), flush the results one
+   last time (8 tries), publish the metrics;
+5. leave the registry, cancel the blocking wait, shut the thread pool down without
+   waiting, close both clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import redis
+
+from ..exitcodes import EXIT_ERROR, EXIT_RECYCLED
+from ..keys import QueueKeys, queues_key
+from .fetch import Fetcher
+from .leases import Leases
+from .outcomes import Outcomes
+from .registry import Registry
+from .run import Runners
+from .state import METRICS_EVERY_S, STOP_GRACE_S, Counters, State, WorkerSettings
+
+if TYPE_CHECKING:
+    from ..app import App
+
+log = logging.getLogger("batchq.worker")
+
+
+class Worker:
+    """Runs the jobs of some queues in this process until stopped (or, in burst mode,
+    until the queues are empty)."""
+
+    def __init__(self, app: App, settings: WorkerSettings | None = None,
+                 *, worker_id: str | None = None) -> None:
+        self.app = app
+        self.settings = settings or WorkerSettings()
+        self.state = st = State(app, self.settings, worker_id)
+        self.outcomes = Outcomes(st)
+        self.leases = Leases(st)
+        self.fetcher = Fetcher(st, self.outcomes)
+        self.runners = Runners(st, self.outcomes, self.leases)
+        self.registry = Registry(st)
+
+    @property
+    def queues(self) -> tuple[QueueKeys, ...]:
+        return self.state.queues
+
+    @property
+    def worker_id(self) -> str:
+        return self.state.worker_id
+
+    @property
+    def counters(self) -> Counters:
+        return self.state.counters
+
+    @property
+    def recycled(self) -> bool:
+        """True when the worker stopped because it reached ``max_jobs``."""
+        return self.state.recycled
+
+    # --- control -----------------------------------------------------------------------
+
+    def request_stop(self, fast: bool = False) -> None:
+        """Begin a graceful stop (``fast``: cancel running jobs now). Thread-unsafe:
+        call from the loop (signal handlers installed with ``add_signal_handler`` are)."""
+        st = self.state
+        if st.stopping and not fast:
+            fast = True  # a second request hurries the first
+        if fast:
+            st.fast = True
+        if not st.stopping:
+            log.info("stopping: no new jobs will be fetched")
+        st.stopping = True
+        st.stop_event.set()
+        st.room.set()
+        st.wake_runners(len(st.idle_runners))
+        if fast:
+            for t in st.runner_tasks:
+                t.cancel()
+
+    def pause_fetching(self, paused: bool) -> None:
+        """Stop (or resume) taking new jobs; jobs in flight keep running."""
+        st = self.state
+        if paused == st.fetch_paused:
+            return
+        st.fetch_paused = paused
+        log.info("fetching %s", "paused" if paused else "resumed")
+        st.room.set()
+
+    async def run(self) -> int:
+        """Serve until stopped. Returns the process exit code: 0 on a clean stop (in
+        burst mode: the queues are empty), ``EXIT_RECYCLED`` after ``max_jobs``,
+        ``EXIT_STALLED`` for a burst run left with only paused queues holding jobs."""
+        st = self.state
+        s = self.settings
+        await st.open()
+        if s.metrics:
+            from ..metrics import Recorder
+
+            st.m = Recorder()
+            st.m.set_concurrency(s.concurrency)
+            served = {k.queue for k in st.queues}
+            st.m.declare([(t.config.queue, name) for name, t in st.tasks.items()
+                          if t.config.queue in served])
+        if s.install_signal_handlers:
+            self._install_signals()
+        await self._startup()
+        helpers = (
+            asyncio.create_task(self.leases.extend_loop(), name="batchq-extend"),
+            asyncio.create_task(self.outcomes.flush_loop(), name="batchq-flush"),
+            asyncio.create_task(self.registry.heartbeat_loop(), name="batchq-heartbeat"),
+            asyncio.create_task(self._metrics_loop(), name="batchq-metrics"),
+        )
+        self.runners.start()
+        try:
+            await self.fetcher.fetch_loop()
+        finally:
+            st.stopping = True
+            st.wake_runners(len(st.idle_runners))
+            await self._drain()
+            st.closing = True
+            for t in helpers:
+                t.cancel()
+            # a cancel that lands inside a redis-py call can be swallowed there; never
+            # let a helper loop hold the exit hostage
+            _, stuck = await asyncio.wait(helpers, timeout=STOP_GRACE_S)
+            if stuck:
+                log.warning("%d background tasks did not stop; leaving them", len(stuck))
+            await self.outcomes.flush_with_retry(final=True)
+            self._publish_metrics()
+            await self._close()
+        return EXIT_RECYCLED if st.recycled else st.exit_code
+
+    def _install_signals(self) -> None:
+        loop = self.state.loop
+        loop.add_signal_handler(signal.SIGTERM, self.request_stop)
+        loop.add_signal_handler(signal.SIGINT, lambda: self.request_stop(fast=True))
+        loop.add_signal_handler(signal.SIGQUIT, lambda: self.request_stop(fast=True))
+        loop.add_signal_handler(signal.SIGTSTP, lambda: self.pause_fetching(True))
+        loop.add_signal_handler(signal.SIGCONT, lambda: self.pause_fetching(False))
+
+    async def _startup(self) -> None:
+        """Register the queues; a Redis that cannot be reached fails the start."""
+        st = self.state
+        try:
+            await st.redis.sadd(queues_key(self.app.namespace), *(k.queue for k in st.queues))
+        except redis.ResponseError as exc:
+            # e.g. a full Redis refusing the write: the registry is informational, and a
+            # worker is what drains a full Redis, so start anyway
+            log.warning("could not register the queues (%s); serving them anyway", exc)
+        s = self.settings
+        log.info("worker %s serving %s (concurrency %d, lease %.0fs)", st.worker_id,
+                 ",".join(k.queue for k in st.queues), s.concurrency, s.lease_s)
+
+    async def _metrics_loop(self) -> None:
+        st = self.state
+        while st.m is not None and not st.closing:
+            await asyncio.sleep(METRICS_EVERY_S)
+            self._publish_metrics()
+
+    def _publish_metrics(self) -> None:
+        st = self.state
+        if st.m is None:
+            return
+        queued = st.queued_by_queue()
+        st.m.flush({q: len(h) - queued.get(q, 0) for q, h in st.held.items()})
+
+    # --- stop --------------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        """Give back the jobs that never started at once, let running jobs finish until
+        the shutdown timeout, then cancel them and give them back too."""
+        st = self.state
+        await self.leases.give_back()
+        runners = [t for t in st.runner_tasks if not t.done()]
+        if runners:
+            timeout = 0.0 if st.fast else self.settings.shutdown_timeout_s
+            pending: set[asyncio.Task[None]] = set(runners)
+            if timeout > 0:
+                _, pending = await asyncio.wait(runners, timeout=timeout)
+            if pending:
+                log.warning("shutdown timeout: cancelling %d running jobs", len(pending))
+                for t in pending:
+                    t.cancel()
+                _, stuck = await asyncio.wait(pending, timeout=STOP_GRACE_S)
+                for t in stuck:
+                    # a handler that swallows cancellation: give its job back anyway;
+                    # the process exits and takes the handler with it
+                    job = st.running.get(t)
+                    if job is not None:
+                        st.interrupted.extend(job if isinstance(job, list) else [job])
+                if stuck:
+                    log.warning("%d jobs ignored cancellation; giving them back", len(stuck))
+        await self.leases.give_back()
+
+    async def _close(self) -> None:
+        st = self.state
+        await self.registry.unpublish()
+        await self.fetcher.close()
+        if st.pool is not None:
+            st.pool.shutdown(wait=False, cancel_futures=True)
+        await st.redis.aclose()
+        await st.bredis.aclose()
+
+
+def run_worker(app: App, settings: WorkerSettings | None = None) -> int:
+    """Run one worker process to completion on uvloop; returns the exit code."""
+    try:
+        import uvloop
+
+        factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on POSIX
+        factory = None
+    worker = Worker(app, settings)
+    loop = factory() if factory is not None else asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(worker.run())
+    except (SystemExit, KeyboardInterrupt) as exc:
+        # handlers' own SystemExit / KeyboardInterrupt are caught where they run; one
+        # that still gets here must not pass for a clean (exit 0) stop with jobs held
+        log.error("worker stopped by %s(%s) with %d jobs in flight", type(exc).__name__,
+                  exc, worker.state.in_flight)
+        return EXIT_ERROR
+    finally:
+        # cancel what is left, but never wait for ever: a handler that swallows
+        # cancellation must not keep the process alive (asyncio.Runner would)
+        left = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for t in left:
+            t.cancel()
+        if left:
+            loop.run_until_complete(asyncio.wait(left, timeout=STOP_GRACE_S))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
