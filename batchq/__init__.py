@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .app import App, Task, TaskCall, TaskConfig
+from .app import App
 from .codec import Job
 from .errors import (
     BatchqError,
@@ -16,6 +16,7 @@ from .lock import Lock
 from .periodic import Schedule, periodic_status, run_scheduler
 from .producer import Call, call
 from .queue import DeadJob, DeadRetention, Queue, QueueStats
+from .task import Task, TaskCall, TaskConfig
 from .worker import JobFailed, Worker, WorkerSettings, run_worker
 
 __version__ = "0.1.0"

@@ -9,163 +9,24 @@ fork, so the supervisor can import the app and fork workers safely.
 
 from __future__ import annotations
 
-import inspect
-import math
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar, overload
 
 import redis
 from redis.asyncio import Redis as AsyncRedis
 
-from . import codec, producer
+from . import producer
 from .clients import Clients
 from .codec import Job
 from .connection import RedisSettings, redact, resolve_url
-from .keys import MAX_PRIORITY, QueueKeys
+from .keys import QueueKeys
 from .lock import Lock
-from .producer import EnqueueOptions
 from .queue import DeadRetention, Queue
 from .scripts import AsyncScripts, SyncScripts
+from .task import DEFAULT_QUEUE, Task, TaskConfig
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-DEFAULT_QUEUE = "default"
-
-
-@dataclass(frozen=True)
-class TaskConfig:
-    """A task's settings as declared by ``@app.task(...)``."""
-
-    name: str
-    queue: str = DEFAULT_QUEUE
-    priority: int = 0
-    max_attempts: int = 3
-    timeout_s: float | None = None
-    batch_size: int | None = None
-    retry_backoff_s: float = 1.0
-    retry_backoff_max_s: float = 300.0
-
-    def __post_init__(self) -> None:
-        # every check names the setting: a wrong value must never reach the worker
-        if not isinstance(self.name, str) or not self.name:
-            raise TypeError(f"task name must be a non-empty str, got {self.name!r}")
-        if ":" in self.name:
-            raise ValueError(f"task name {self.name!r} must not contain ':'")
-        if not isinstance(self.queue, str):
-            raise TypeError(f"queue must be a str, got {type(self.queue).__name__} "
-                            f"{self.queue!r}")
-        codec.check_int("priority", self.priority, 0, MAX_PRIORITY)
-        codec.check_int("max_attempts", self.max_attempts, 1, codec.MAX_ATTEMPTS)
-        if self.batch_size is not None:
-            codec.check_int("batch_size", self.batch_size, 1, 1000)
-        if self.timeout_s is not None:
-            _positive("timeout_s", self.timeout_s)
-        _positive("retry_backoff_s", self.retry_backoff_s, zero_ok=True)
-        _positive("retry_backoff_max_s", self.retry_backoff_max_s, zero_ok=True)
-
-
-def _positive(name: str, value: object, *, zero_ok: bool = False) -> None:
-    """A finite number > 0 (>= 0 with ``zero_ok``), or an error naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
-        raise ValueError(f"{name} must be a finite number {'>=' if zero_ok else '>'} 0, "
-                         f"got {value!r}")
-
-
-class _Enqueuer:
-    """The enqueue methods shared by a task and its ``.options(...)`` view."""
-
-    _task: Task[..., Any]
-    _opts: EnqueueOptions
-
-    def _plan(self) -> producer._Plan:
-        t, o = self._task, self._opts
-        c = t.config
-        return producer.plan(
-            t.app.clients,
-            c.name,
-            c.queue if o.queue is None else o.queue,
-            c.priority if o.priority is None else o.priority,
-            c.max_attempts if o.max_attempts is None else o.max_attempts,
-            o.delay_s,
-            o.eta,
-        )
-
-    def enqueue(self, *args: Any, **kwargs: Any) -> str:
-        """Write one job; returns its id once Redis has it."""
-        return producer.enqueue(self._task.app.clients, self._plan(), args, kwargs)
-
-    def enqueue_many(self, items: Iterable[Any]) -> list[str]:
-        """Write many jobs, streamed in pipelined chunks; returns their ids in order.
-
-        Each item is a tuple or list of positional arguments, a dict of keyword
-        arguments, a ``batchq.call(*args, **kwargs)``, or else one positional argument.
-        """
-        return producer.enqueue_many(self._task.app.clients, self._plan(), items)
-
-    async def aenqueue(self, *args: Any, **kwargs: Any) -> str:
-        """``enqueue`` for asyncio code."""
-        return await producer.aenqueue(self._task.app.clients, self._plan(), args, kwargs)
-
-    async def aenqueue_many(self, items: Iterable[Any]) -> list[str]:
-        """``enqueue_many`` for asyncio code."""
-        return await producer.aenqueue_many(self._task.app.clients, self._plan(), items)
-
-    def options(
-        self,
-        *,
-        queue: str | None = None,
-        priority: int | None = None,
-        max_attempts: int | None = None,
-        delay_s: float | None = None,
-        eta: datetime | float | None = None,
-    ) -> TaskCall:
-        """A view of the task that enqueues with other options (``eta``: datetime or
-        Unix seconds; naive datetimes are local time)."""
-        extra = EnqueueOptions(queue, priority, max_attempts, delay_s, eta)
-        return TaskCall(self._task, self._opts.merged(extra))
-
-
-class TaskCall(_Enqueuer):
-    """A task with enqueue options bound: ``task.options(delay_s=60).enqueue(...)``."""
-
-    def __init__(self, task: Task[..., Any], opts: EnqueueOptions) -> None:
-        self._task = task
-        self._opts = opts
-
-
-class Task(_Enqueuer, Generic[P, R]):
-    """A registered handler. Calling it runs the function directly, as before."""
-
-    def __init__(self, app: App, fn: Callable[P, R], config: TaskConfig) -> None:
-        self.app = app
-        self.fn = fn
-        self.config = config
-        self.is_async = inspect.iscoroutinefunction(fn)
-        self.is_batch = config.batch_size is not None
-        self._task = self
-        self._opts = EnqueueOptions()
-        self.__name__ = getattr(fn, "__name__", config.name)
-        self.__doc__ = fn.__doc__
-        self.__wrapped__ = fn
-
-    @property
-    def name(self) -> str:
-        return self.config.name
-
-    @property
-    def queue(self) -> str:
-        return self.config.queue
-
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        return self.fn(*args, **kwargs)
-
-    def __repr__(self) -> str:
-        return f"<Task {self.config.name} queue={self.config.queue}>"
 
 
 class App:
@@ -334,7 +195,7 @@ class App:
         """A named distributed lock: ``with app.lock("nightly-export", ttl_s=60):``
         (or ``async with``). ``blocking_timeout_s``: 0 tries once, ``None`` waits
         without limit. See ``batchq.lock.Lock``."""
-        return Lock(self, name, ttl_s=ttl_s, blocking_timeout_s=blocking_timeout_s)
+        return Lock(self.clients, name, ttl_s=ttl_s, blocking_timeout_s=blocking_timeout_s)
 
     def periodic(self, *, cron: str | None = None, every_s: float | None = None,
                  tz: str = "UTC", catch_up: bool = False, grace_s: float | None = None,
@@ -345,7 +206,9 @@ class App:
         from .periodic import register
 
         def decorate(fn: Callable[P, R]) -> Task[P, R]:
-            return register(self, fn, cron=cron, every_s=every_s, tz=tz, catch_up=catch_up,
-                            grace_s=grace_s, task_options=task_options)
+            task: Callable[..., Any] = self.task  # the options are app.task's, checked there
+            t: Task[P, R] = task(**task_options)(fn)
+            return register(self, t, cron=cron, every_s=every_s, tz=tz, catch_up=catch_up,
+                            grace_s=grace_s)
 
         return decorate

@@ -67,6 +67,9 @@ class QueueKeys:
     stats: str = field(init=False)
     recovered: str = field(init=False)
     started: str = field(init=False)
+    periodic: str = field(init=False)
+    """Periodic schedules' last ticks (``periodic_tick.lua``); not in ``all()``, so
+    ``Queue.clear`` does not reset them."""
 
     def __post_init__(self) -> None:
         if not self.queue or any(c in self.queue for c in "{}: \t\r\n"):
@@ -80,7 +83,7 @@ class QueueKeys:
             self, "ready", tuple(f"{p}:ready:{i}" for i in range(MAX_PRIORITY, -1, -1))
         )
         for name in ("delayed", "reserved", "inflight", "dead", "wake", "paused", "stats",
-                     "recovered", "started"):
+                     "recovered", "started", "periodic"):
             object.__setattr__(self, name, f"{p}:{name}")
         object.__setattr__(self, "dead_jobs", f"{p}:dead:jobs")
 
@@ -103,3 +106,23 @@ class QueueKeys:
             self.recovered,
             self.started,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class LockKeys:
+    """The two keys of one named lock (``batchq.lock``); both share the lock's own hash
+    tag, so each lock script touches one slot."""
+
+    token: str
+    """The holder's random token; expires with the lease."""
+    fence: str
+    """The fencing counter: INCR on every acquisition, never expires."""
+
+
+def lock_keys(namespace: str, name: str) -> LockKeys:
+    """Key names of lock ``name``; raises ``ValueError`` for a name a key cannot carry."""
+    if not isinstance(name, str) or not name or any(c in name for c in "{} \t\r\n"):
+        raise ValueError(f"invalid lock name {name!r}: use a non-empty name without "
+                         "braces or white space")
+    prefix = f"{namespace}:{{{namespace}:lock:{name}}}"
+    return LockKeys(f"{prefix}:token", f"{prefix}:fence")

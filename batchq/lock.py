@@ -24,7 +24,6 @@ import asyncio
 import random
 import secrets
 import time
-from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -32,10 +31,11 @@ import redis
 import redis.asyncio
 
 from .errors import LockLost, LockNotAcquired
-from .scripts import AsyncScript, SyncScript
+from .keys import lock_keys
+from .scripts import calls
 
 if TYPE_CHECKING:
-    from .app import App
+    from .clients import Clients
 
 RETRY_DELAYS_S = (0.05, 0.2, 0.5, 1.0, 2.0)
 """Backoff between tries of a lock call whose connection failed (about 4 s in all)."""
@@ -50,23 +50,6 @@ WAIT_MIN_S = 0.02
 WAIT_MAX_S = 1.0
 """Bounds of the pause between tries of a blocking acquire (doubling, with jitter, and
 never past the holder's remaining lease)."""
-
-@dataclass(frozen=True, slots=True)
-class LockKeys:
-    """The two keys of one named lock; both share the lock's own hash tag."""
-
-    token: str
-    fence: str
-
-
-def lock_keys(namespace: str, name: str) -> LockKeys:
-    """Key names of lock ``name``; raises ``ValueError`` for a name a key cannot carry."""
-    if not isinstance(name, str) or not name or any(c in name for c in "{} \t\r\n"):
-        raise ValueError(f"invalid lock name {name!r}: use a non-empty name without "
-                         "braces or white space")
-    prefix = f"{namespace}:{{{namespace}:lock:{name}}}"
-    return LockKeys(f"{prefix}:token", f"{prefix}:fence")
-
 
 def _ms(value: float, what: str) -> int:
     if not isinstance(value, int | float) or not value > 0 or value == float("inf"):
@@ -97,11 +80,11 @@ class Lock:
     ``LockLost`` when the lease ran out (or another holder took it) in between.
     """
 
-    def __init__(self, app: App, name: str, *, ttl_s: float = 60.0,
+    def __init__(self, clients: Clients, name: str, *, ttl_s: float = 60.0,
                  blocking_timeout_s: float | None = 0.0, owner: str | None = None) -> None:
-        self.app = app
+        self.clients = clients
         self.name = name
-        self.keys = lock_keys(app.namespace, name)
+        self.keys = lock_keys(clients.namespace, name)
         self.ttl_ms = _ms(ttl_s, "ttl_s")
         if blocking_timeout_s is not None and not (
                 isinstance(blocking_timeout_s, int | float) and blocking_timeout_s >= 0):
@@ -116,8 +99,6 @@ class Lock:
         confirmed by the server)."""
         self.fence: int | None = None
         """The fencing token of the current (or last) acquisition; grows every time."""
-        self._sync: tuple[redis.Redis, dict[str, SyncScript]] | None = None
-        self._async: tuple[redis.asyncio.Redis, dict[str, AsyncScript]] | None = None
 
     def __repr__(self) -> str:
         return f"<Lock {self.name!r} held={self.held} fence={self.fence}>"
@@ -134,23 +115,14 @@ class Lock:
 
     # --- sync ---------------------------------------------------------------------------
 
-    def _script(self, name: str) -> SyncScript:
-        client = self.app.redis
-        if self._sync is None or self._sync[0] is not client:
-            self._sync = (client, {})
-        scripts = self._sync[1]
-        s = scripts.get(name)
-        if s is None:
-            s = scripts[name] = SyncScript(name, client)
-        return s
-
-    def _call(self, name: str, keys: list[str], args: list[Any]) -> Any:
+    def _call(self, c: calls.Call) -> Any:
+        run = self.clients.sync_scripts.call
         for pause in RETRY_DELAYS_S:
             try:
-                return self._script(name)(keys, args)
+                return run(c)
             except _RETRY_ERRORS:
                 time.sleep(pause)
-        return self._script(name)(keys, args)
+        return run(c)
 
     def acquire(self) -> int:
         """Take the lock, waiting up to ``blocking_timeout_s``; returns the fence."""
@@ -160,8 +132,7 @@ class Lock:
             else time.monotonic() + self.blocking_timeout_s
         pause = WAIT_MIN_S
         while True:
-            fence, _, ttl_ms = self._call("lock_acquire", [self.keys.token, self.keys.fence],
-                                          [token, self.ttl_ms])
+            fence, _, ttl_ms = self._call(calls.lock_acquire(self.keys, token, self.ttl_ms))
             if fence:
                 return self._took(token, int(fence))
             sleep_s = self._next_pause(pause, int(ttl_ms), deadline)
@@ -177,7 +148,7 @@ class Lock:
         freed = 0
         for pause in (*RETRY_DELAYS_S, None):
             try:
-                freed = self._script("lock_release")([self.keys.token], [token])
+                freed = self.clients.sync_scripts.call(calls.lock_release(self.keys, token))
                 break
             except _RETRY_ERRORS:
                 if pause is None:
@@ -191,7 +162,7 @@ class Lock:
         object still holds the lock; raises ``LockLost`` if it does not."""
         token = self._require_held()
         ttl_ms = self.ttl_ms if ttl_s is None else _ms(ttl_s, "ttl_s")
-        ok, _ = self._call("lock_extend", [self.keys.token], [token, ttl_ms])
+        ok, _ = self._call(calls.lock_extend(self.keys, token, ttl_ms))
         self._extended(int(ok))
 
     def __enter__(self) -> Lock:
@@ -210,23 +181,13 @@ class Lock:
 
     # --- asyncio ------------------------------------------------------------------------
 
-    def _ascript(self, name: str) -> AsyncScript:
-        client = self.app.async_redis()
-        if self._async is None or self._async[0] is not client:
-            self._async = (client, {})
-        scripts = self._async[1]
-        s = scripts.get(name)
-        if s is None:
-            s = scripts[name] = AsyncScript(name, client)
-        return s
-
-    async def _acall(self, name: str, keys: list[str], args: list[Any]) -> Any:
+    async def _acall(self, c: calls.Call) -> Any:
         for pause in RETRY_DELAYS_S:
             try:
-                return await self._ascript(name)(keys, args)
+                return await self.clients.async_scripts().call(c)
             except _RETRY_ERRORS:
                 await asyncio.sleep(pause)
-        return await self._ascript(name)(keys, args)
+        return await self.clients.async_scripts().call(c)
 
     async def try_aacquire(self) -> tuple[bool, int, int]:
         """One non-blocking try: ``(acquired, server_now_ms, holder_ttl_ms)``. For loops
@@ -234,7 +195,7 @@ class Lock:
         self._check_not_held()
         token = self._new_token()
         fence, now_ms, ttl_ms = await self._acall(
-            "lock_acquire", [self.keys.token, self.keys.fence], [token, self.ttl_ms])
+            calls.lock_acquire(self.keys, token, self.ttl_ms))
         if fence:
             self._took(token, int(fence))
         return bool(fence), int(now_ms), int(ttl_ms)
@@ -263,7 +224,8 @@ class Lock:
         freed = 0
         for pause in (*RETRY_DELAYS_S, None):
             try:
-                freed = await self._ascript("lock_release")([self.keys.token], [token])
+                freed = await self.clients.async_scripts().call(
+                    calls.lock_release(self.keys, token))
                 break
             except _RETRY_ERRORS:
                 if pause is None:
@@ -276,7 +238,7 @@ class Lock:
         """``extend`` for asyncio code; returns the server time (ms) of the extend."""
         token = self._require_held()
         ttl_ms = self.ttl_ms if ttl_s is None else _ms(ttl_s, "ttl_s")
-        ok, now_ms = await self._acall("lock_extend", [self.keys.token], [token, ttl_ms])
+        ok, now_ms = await self._acall(calls.lock_extend(self.keys, token, ttl_ms))
         self._extended(int(ok))
         return int(now_ms)
 
@@ -343,8 +305,8 @@ class Lock:
                                       "or another owner took it; not extended")
 
 
-def holder(app: App, name: str) -> str | None:
+def holder(clients: Clients, name: str) -> str | None:
     """The token of the current holder of lock ``name`` (``None``: free)."""
-    raw = app.redis.get(lock_keys(app.namespace, name).token)
+    raw = clients.redis.get(lock_keys(clients.namespace, name).token)
     return None if raw is None else raw.decode() if isinstance(raw, bytes) else str(raw)
 

@@ -36,10 +36,9 @@ import math
 import os
 import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 from weakref import WeakKeyDictionary
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -50,12 +49,24 @@ from redis.exceptions import RedisClusterException
 
 from . import producer
 from .errors import LockLost
-from .keys import QueueKeys, queues_key
+from .keys import queues_key
 from .lock import Lock, holder, token_owner
-from .scripts import AsyncScript
+from .scripts import calls
+from .task import Task
 
 if TYPE_CHECKING:
-    from .app import App, Task
+    from .clients import Clients
+
+
+class PeriodicOwner(Protocol):
+    """What the scheduler needs of an app (``PeriodicOwner`` is one): its clients, its task
+    registry and its ``task`` decorator (for ``@app.periodic``)."""
+
+    @property
+    def clients(self) -> Clients: ...
+
+    @property
+    def tasks(self) -> dict[str, Task[..., Any]]: ...
 
 log = logging.getLogger("batchq.periodic")
 
@@ -74,12 +85,6 @@ DEFAULT_GRACE_S = 3 * LEASE_S
 _REDIS_ERRORS = (redis.RedisError, RedisClusterException, OSError, RuntimeError)
 """What a scheduler survives (logged, then retried with backoff): it never ends the
 worker it runs in."""
-
-
-def periodic_key(keys: QueueKeys) -> str:
-    """The queue's hash of periodic state: ``<task>:tick``, ``<task>:run``, ``<task>:next``
-    (all ms); under the queue's hash tag, next to the lists the ticks go to."""
-    return f"{keys.prefix}:periodic"
 
 
 @dataclass(frozen=True)
@@ -153,15 +158,14 @@ class Schedule:
         return round(croniter(self.cron, start).get_next(float) * 1000)
 
 
-_SCHEDULES: WeakKeyDictionary[App, dict[str, Schedule]] = WeakKeyDictionary()
+_SCHEDULES: WeakKeyDictionary[PeriodicOwner, dict[str, Schedule]] = WeakKeyDictionary()
 
 
-def register(app: App, fn: Callable[P, R], *, cron: str | None, every_s: float | None,
-             tz: str, catch_up: bool, grace_s: float | None,
-             task_options: dict[str, Any]) -> Task[P, R]:
-    """``@app.periodic``: register ``fn`` as a task and its schedule."""
-    task: Callable[..., Any] = app.task  # the options are app.task's, checked there
-    t: Task[P, R] = task(**task_options)(fn)
+def register(app: PeriodicOwner, t: Task[P, R], *, cron: str | None,
+             every_s: float | None, tz: str, catch_up: bool, grace_s: float | None,
+             ) -> Task[P, R]:
+    """``@app.periodic``: the schedule of task ``t`` (already registered by ``app.task``,
+    which checked its options); a bad schedule unregisters the task and raises."""
     try:
         s = Schedule(t, cron, every_s, tz, catch_up,
                      DEFAULT_GRACE_S if grace_s is None else grace_s)
@@ -172,12 +176,12 @@ def register(app: App, fn: Callable[P, R], *, cron: str | None, every_s: float |
     return t
 
 
-def schedules(app: App) -> list[Schedule]:
+def schedules(app: PeriodicOwner) -> list[Schedule]:
     """The periodic schedules of an app, in registration order."""
     return list(_SCHEDULES.get(app, {}).values())
 
 
-def leader_lock_name(app: App) -> str:
+def leader_lock_name(app: PeriodicOwner) -> str:
     """The leader lock of this app's set of periodic tasks: ``batchq.periodic.<digest>``
     of their (queue, name) pairs. Two apps that share a namespace but schedule different
     tasks elect a leader each (one would otherwise lead and run only its own tasks).
@@ -200,18 +204,17 @@ class Scheduler:
     """The periodic scheduler of one process: a follower until it wins the leader lock,
     then the one that enqueues the ticks. ``run`` until ``stop`` is set."""
 
-    def __init__(self, app: App, *, lease_s: float = LEASE_S, owner: str | None = None
+    def __init__(self, app: PeriodicOwner, *, lease_s: float = LEASE_S, owner: str | None = None
                  ) -> None:
         self.app = app
         self.lease_s = lease_s
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}".replace("/", "_")
-        self.lock = Lock(app, leader_lock_name(app), ttl_s=lease_s, owner=self.owner)
+        self.lock = Lock(app.clients, leader_lock_name(app), ttl_s=lease_s, owner=self.owner)
         self.enqueued = 0
         """Ticks this process enqueued (for logs and tests)."""
         self._done: dict[str, int] = {}  # task -> latest tick the script answered for
         self._renew_at = 0.0  # monotonic
         self._registered: set[str] = set()
-        self._tick_script: AsyncScript | None = None
 
     @property
     def is_leader(self) -> bool:
@@ -222,7 +225,7 @@ class Scheduler:
         if not scheds:
             return  # nothing to schedule: not even a lock attempt
         # the tasks registered by now (the app is imported before the worker starts)
-        self.lock = Lock(self.app, leader_lock_name(self.app), ttl_s=self.lease_s,
+        self.lock = Lock(self.app.clients, leader_lock_name(self.app), ttl_s=self.lease_s,
                          owner=self.owner)
         backoff_s = 0.1
         try:
@@ -265,7 +268,7 @@ class Scheduler:
 
     async def _tick(self, scheds: list[Schedule]) -> float:
         """Enqueue every schedule's due tick (once); returns seconds to the next tick."""
-        client = self.app.async_redis()
+        client = self.app.clients.async_redis()
         sec, usec = await client.time()
         now_ms = int(sec) * 1000 + int(usec) // 1000
         t_local = time.monotonic()
@@ -292,22 +295,17 @@ class Scheduler:
 
     async def _fire(self, s: Schedule, due: int, nxt: int, now_ms: int) -> tuple[int, int]:
         app = self.app
-        client = app.async_redis()
-        if self._tick_script is None or self._tick_script.client is not client:
-            self._tick_script = AsyncScript("periodic_tick", client)
         if s.queue not in self._registered:
-            await app.aregister_queue(s.queue)
+            await app.clients.aregister_queue(s.queue)
             self._registered.add(s.queue)
         c = s.task.config
         # the producer's own entry code; the tick is the job's due time
-        plan = producer.plan(app, c.name, c.queue, c.priority, c.max_attempts, None,
+        plan = producer.plan(app.clients, c.name, c.queue, c.priority, c.max_attempts, None,
                              due / 1000)
         _, entry = plan.entry((), {}, now_ms)
-        k = plan.keys
-        res = await self._tick_script(
-            [periodic_key(k), plan.target, k.wake, k.stats],
-            [s.name, due, nxt, round(s.grace_s * 1000), "1" if s.catch_up else "0", entry,
-             s.text, self.lock.name])
+        res = await app.clients.async_scripts().call(calls.periodic_tick(
+            plan.keys, c.priority, s.name, due, nxt, round(s.grace_s * 1000), s.catch_up,
+            entry, s.text, self.lock.name))
         return int(res[0]), int(res[1])
 
 
@@ -315,7 +313,7 @@ def _fmt_ms(ms: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))
 
 
-async def run_scheduler(app: App, stop_event: asyncio.Event, *, lease_s: float = LEASE_S,
+async def run_scheduler(app: PeriodicOwner, stop_event: asyncio.Event, *, lease_s: float = LEASE_S,
                         ) -> None:
     """Run the periodic scheduler of this process until ``stop_event`` is set.
 
@@ -329,7 +327,7 @@ async def run_scheduler(app: App, stop_event: asyncio.Event, *, lease_s: float =
 # --- status -----------------------------------------------------------------------------
 
 
-def periodic_status(app: App) -> list[dict[str, Any]]:
+def periodic_status(app: PeriodicOwner) -> list[dict[str, Any]]:
     """One dict per periodic task: ``name``, ``queue``, ``schedule`` (text),
     ``last_run_s`` (server time its last tick was enqueued, or ``None``), ``last_tick_s``,
     ``next_run_s`` (as recorded by the leader; ``None`` before any scheduler ran; in the
@@ -340,19 +338,19 @@ def periodic_status(app: App) -> list[dict[str, Any]]:
     without an app) gets every schedule recorded in the queues of its namespace instead,
     from what the leaders wrote; a task removed from the code stays listed there (with
     a ``next_run_s`` in the past) until its fields are deleted from ``T:periodic``."""
-    r = app.redis
+    r = app.clients.redis
     scheds = schedules(app)
     if scheds:
         wanted = [(s.queue, s.name, s.text) for s in scheds]
     else:
         wanted = []
-        queues = sorted(_text(q) for q in r.smembers(queues_key(app.namespace)))
+        queues = sorted(_text(q) for q in r.smembers(queues_key(app.clients.namespace)))
         for q in queues:
             try:
-                k = app.keys(q)
+                k = app.clients.keys(q)
             except ValueError:
                 continue
-            fields = r.hgetall(periodic_key(k))
+            fields = r.hgetall(k.periodic)
             names = sorted({_text(f).rsplit(":", 1)[0] for f in fields})
             wanted += [(q, n, _text(fields.get(f"{n}:schedule".encode(), b"?")))
                        for n in names]
@@ -360,11 +358,11 @@ def periodic_status(app: App) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for queue, name, text in wanted:
         tick, run, nxt, lock_name = r.hmget(
-            periodic_key(app.keys(queue)),
+            app.clients.keys(queue).periodic,
             [f"{name}:tick", f"{name}:run", f"{name}:next", f"{name}:lock"])
         lock_name = leader_lock_name(app) if scheds else _text(lock_name or b"")
         if lock_name not in leaders:
-            leaders[lock_name] = token_owner(holder(app, lock_name)) if lock_name else None
+            leaders[lock_name] = token_owner(holder(app.clients, lock_name)) if lock_name else None
         out.append({
             "name": name,
             "queue": queue,
@@ -377,7 +375,7 @@ def periodic_status(app: App) -> list[dict[str, Any]]:
     return out
 
 
-def periodic_metrics(app: App) -> list[Any]:
+def periodic_metrics(app: PeriodicOwner) -> list[Any]:
     """Prometheus metric families from ``periodic_status`` (yield them from a collector
     at scrape time): ``batchq_periodic_last_run_timestamp_seconds`` and
     ``batchq_periodic_next_run_timestamp_seconds``, labelled ``task`` and ``queue``; a

@@ -19,7 +19,8 @@ from typing import Any, Protocol
 
 from . import codec, stats
 from .clients import Clients
-from .scripts import AsyncScript, SyncScript, calls
+from .keys import QueueKeys
+from .scripts import calls
 from .stats import QueueStats
 
 __all__ = ["DeadJob", "DeadRetention", "Queue", "QueueStats", "atrim_dead"]
@@ -72,9 +73,9 @@ class DeadRetention:
                     from None
         return cls(max_age_s, max_count)
 
-    def args(self, chunk: int) -> list[int]:
-        """ARGV of ``trim_dead.lua``: max age (ms), max count, jobs per call."""
-        return [round(self.max_age_s * 1000), self.max_count, chunk]
+    def call(self, k: QueueKeys, chunk: int) -> calls.Call:
+        """One ``trim_dead.lua`` call of this retention over queue ``k``."""
+        return calls.trim_dead(k, round(self.max_age_s * 1000), self.max_count, chunk)
 
 
 class QueueOwner(Protocol):
@@ -252,10 +253,10 @@ class Queue:
         most ``chunk`` jobs (``max_chunks`` calls at most). Returns how many were
         deleted."""
         ret = retention or self.app.dead_retention
-        script = SyncScript("trim_dead", self.clients.redis)
+        run = self.clients.sync_scripts.call
         removed = 0
         for _ in range(_check_chunks(chunk, max_chunks)):
-            n, more = script([self.keys.dead, self.keys.dead_jobs], ret.args(chunk))
+            n, more = run(ret.call(self.keys, chunk))
             removed += int(n)
             if not int(more):
                 break
@@ -299,10 +300,10 @@ async def atrim_dead(app: QueueOwner, queue: str, retention: DeadRetention | Non
     dead-letter retention of one queue over the running loop's client."""
     ret = retention or app.dead_retention
     k = app.clients.keys(queue)
-    script = AsyncScript("trim_dead", app.clients.async_redis())
+    scripts = app.clients.async_scripts()
     removed = 0
     for _ in range(_check_chunks(chunk, max_chunks)):
-        n, more = await script([k.dead, k.dead_jobs], ret.args(chunk))
+        n, more = await scripts.call(ret.call(k, chunk))
         removed += int(n)
         if not int(more):
             break

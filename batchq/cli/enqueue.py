@@ -27,10 +27,10 @@ from typing import IO, Any
 import redis
 
 from .. import codec, exitcodes
-from ..app import Task
 from ..connection import redact
 from ..errors import EnqueueError
 from ..producer import Call
+from ..task import Task
 from .common import (
     Fail,
     add_common,

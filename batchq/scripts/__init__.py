@@ -176,21 +176,21 @@ class SyncScripts:
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
-        self.enqueue = SyncScript("enqueue", client)
-        self.schedule = SyncScript("schedule", client)
-        self.pop = SyncScript("pop", client)
-        self.ack = SyncScript("ack", client)
-        self.nack = SyncScript("nack", client)
-        self.release = SyncScript("release", client)
-        self.extend = SyncScript("extend", client)
-        self.redrive = SyncScript("redrive", client)
-        self.start = SyncScript("start", client)
+        self.by_name = {n: SyncScript(n, client) for n in NAMES}
+        self.enqueue = self.by_name["enqueue"]
+        self.schedule = self.by_name["schedule"]
+        self.pop = self.by_name["pop"]
+        self.ack = self.by_name["ack"]
+        self.nack = self.by_name["nack"]
+        self.release = self.by_name["release"]
+        self.extend = self.by_name["extend"]
+        self.redrive = self.by_name["redrive"]
+        self.start = self.by_name["start"]
 
     def call(self, c: Call,
              client: redis.Redis | SyncPipeline | SyncClusterPipeline | None = None) -> Any:
         """Run a call built by ``calls`` (queued, when ``client`` is a pipeline)."""
-        script: SyncScript = getattr(self, c.script)
-        return script(c.keys, c.args, client=client)
+        return self.by_name[c.script](c.keys, c.args, client=client)
 
 
 class AsyncScripts:
@@ -198,18 +198,18 @@ class AsyncScripts:
 
     def __init__(self, client: redis.asyncio.Redis) -> None:
         self.client = client
-        self.enqueue = AsyncScript("enqueue", client)
-        self.schedule = AsyncScript("schedule", client)
-        self.pop = AsyncScript("pop", client)
-        self.ack = AsyncScript("ack", client)
-        self.nack = AsyncScript("nack", client)
-        self.release = AsyncScript("release", client)
-        self.extend = AsyncScript("extend", client)
-        self.redrive = AsyncScript("redrive", client)
-        self.start = AsyncScript("start", client)
+        self.by_name = {n: AsyncScript(n, client) for n in NAMES}
+        self.enqueue = self.by_name["enqueue"]
+        self.schedule = self.by_name["schedule"]
+        self.pop = self.by_name["pop"]
+        self.ack = self.by_name["ack"]
+        self.nack = self.by_name["nack"]
+        self.release = self.by_name["release"]
+        self.extend = self.by_name["extend"]
+        self.redrive = self.by_name["redrive"]
+        self.start = self.by_name["start"]
 
     async def call(self, c: Call, client: redis.asyncio.Redis | AsyncPipeline
                    | AsyncClusterPipeline | None = None) -> Any:
         """Run a call built by ``calls`` (queued, when ``client`` is a pipeline)."""
-        script: AsyncScript = getattr(self, c.script)
-        return await script(c.keys, c.args, client=client)
+        return await self.by_name[c.script](c.keys, c.args, client=client)

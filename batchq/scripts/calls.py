@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..keys import MAX_PRIORITY, QueueKeys
+from ..keys import MAX_PRIORITY, LockKeys, QueueKeys
 
 _READY_ALL = tuple(f"ready{p}" for p in range(MAX_PRIORITY, -1, -1))
 
@@ -32,6 +32,11 @@ KEY_ORDER: dict[str, tuple[str, ...]] = {
     "extend": ("reserved",),
     "start": ("reserved", "started"),
     "redrive": ("dead", "dead_jobs", "wake", *_READY_ALL, "stats"),
+    "trim_dead": ("dead", "dead_jobs"),
+    "periodic_tick": ("periodic", "ready", "wake", "stats"),
+    "lock_acquire": ("token", "fence"),
+    "lock_release": ("token",),
+    "lock_extend": ("token",),
 }
 """Script name -> the name of each KEYS slot, in order."""
 
@@ -45,14 +50,16 @@ class Call:
     args: list[Any]
 
 
-def _keys(script: str, k: QueueKeys, priority: int | None = None) -> list[str]:
+def _keys(script: str, k: QueueKeys | LockKeys, priority: int | None = None) -> list[str]:
     out = []
     for name in KEY_ORDER[script]:
-        if name == "ready":
-            assert priority is not None, f"{script} needs the jobs' priority"
-            out.append(k.ready_for(priority))
-        elif name.startswith("ready"):
-            out.append(k.ready_for(int(name[5:])))
+        if name.startswith("ready"):
+            assert isinstance(k, QueueKeys), f"{script} takes a queue's keys"
+            if name == "ready":
+                assert priority is not None, f"{script} needs the jobs' priority"
+                out.append(k.ready_for(priority))
+            else:
+                out.append(k.ready_for(int(name[5:])))
         else:
             out.append(getattr(k, name))
     return out
@@ -111,3 +118,31 @@ def redrive(k: QueueKeys, pairs: Sequence[tuple[str | bytes, bytes]]) -> Call:
     for jid, entry in pairs:
         args += [jid, entry]
     return Call("redrive", _keys("redrive", k), args)
+
+
+def trim_dead(k: QueueKeys, max_age_ms: int, max_count: int, chunk: int) -> Call:
+    """Delete up to ``chunk`` dead jobs older than ``max_age_ms`` or beyond the newest
+    ``max_count``; replies ``{removed, more}``."""
+    return Call("trim_dead", _keys("trim_dead", k), [max_age_ms, max_count, chunk])
+
+
+def periodic_tick(k: QueueKeys, priority: int, task: str, tick_ms: int, next_ms: int,
+                  grace_ms: int, catch_up: bool, entry: bytes, schedule: str,
+                  lock_name: str) -> Call:
+    """Enqueue ``entry`` for the tick ``tick_ms`` of ``task`` unless that tick (or a
+    later one) was enqueued already (see ``periodic_tick.lua``)."""
+    return Call("periodic_tick", _keys("periodic_tick", k, priority),
+                [task, tick_ms, next_ms, grace_ms, "1" if catch_up else "0", entry, schedule,
+                 lock_name])
+
+
+def lock_acquire(k: LockKeys, token: str, ttl_ms: int) -> Call:
+    return Call("lock_acquire", _keys("lock_acquire", k), [token, ttl_ms])
+
+
+def lock_release(k: LockKeys, token: str) -> Call:
+    return Call("lock_release", _keys("lock_release", k), [token])
+
+
+def lock_extend(k: LockKeys, token: str, ttl_ms: int) -> Call:
+    return Call("lock_extend", _keys("lock_extend", k), [token, ttl_ms])

@@ -8,17 +8,17 @@
 -- Returns  {fence, now_ms, ttl_ms}: fence > 0 when the caller holds the lock (a retry
 --          whose first reply was lost finds its own token and gets the same fence back);
 --          fence = 0 when another token holds it, ttl_ms then being its remaining lease.
-local tokenKey = KEYS[1]
-local fenceKey = KEYS[2]
+local token = KEYS[1]
+local fence = KEYS[2]
 local now = now_ms()
-local current = redis.call('GET', tokenKey)
+local current = redis.call('GET', token)
 if current == ARGV[1] then
-  return {tonumber(redis.call('GET', fenceKey) or '0'), now, redis.call('PTTL', tokenKey)}
+  return {tonumber(redis.call('GET', fence) or '0'), now, redis.call('PTTL', token)}
 end
 if current then
-  return {0, now, redis.call('PTTL', tokenKey)}
+  return {0, now, redis.call('PTTL', token)}
 end
 -- the token first: if a full Redis refuses it, nothing was written and nobody holds it
-redis.call('SET', tokenKey, ARGV[1], 'PX', tonumber(ARGV[2]))
-local fence = redis.call('INCR', fenceKey)
-return {fence, now, tonumber(ARGV[2])}
+redis.call('SET', token, ARGV[1], 'PX', tonumber(ARGV[2]))
+local next_fence = redis.call('INCR', fence)
+return {next_fence, now, tonumber(ARGV[2])}

@@ -5,10 +5,10 @@
 -- ARGV[2]  the new lease in ms, counted from now (server clock)
 -- Returns  {1, now_ms} when the lease was reset; {0, now_ms} when the lock had expired or
 --          another token holds it (it is never re-created: a lost lock stays lost).
-local tokenKey = KEYS[1]
+local token = KEYS[1]
 local now = now_ms()
-if redis.call('GET', tokenKey) == ARGV[1] then
-  redis.call('PEXPIRE', tokenKey, tonumber(ARGV[2]))
+if redis.call('GET', token) == ARGV[1] then
+  redis.call('PEXPIRE', token, tonumber(ARGV[2]))
   return {1, now}
 end
 return {0, now}

@@ -4,9 +4,9 @@
 -- ARGV[1]  the caller's token
 -- Returns  1 when the caller's token was deleted, 0 when the lock had expired or another
 --          token holds it (then nothing is touched).
-local tokenKey = KEYS[1]
-if redis.call('GET', tokenKey) == ARGV[1] then
-  redis.call('DEL', tokenKey)
+local token = KEYS[1]
+if redis.call('GET', token) == ARGV[1] then
+  redis.call('DEL', token)
   return 1
 end
 return 0

@@ -25,29 +25,29 @@
 --          {0, last}     this tick (or a later one) was already enqueued
 --          {2, now}      skipped: missed by more than the grace (downtime)
 --          {-1, wait_ms} not due yet by this server's clock
-local stateKey = KEYS[1]
-local readyKey = KEYS[2]
-local wakeKey = KEYS[3]
-local statsKey = KEYS[4]
+local periodic = KEYS[1]
+local ready = KEYS[2]
+local wake = KEYS[3]
+local stats = KEYS[4]
 local name = ARGV[1]
 local tick = tonumber(ARGV[2])
 local now = now_ms()
 if tick > now then
   return {-1, tick - now}
 end
-local last = redis.call('HGET', stateKey, name .. ':tick')
+local last = redis.call('HGET', periodic, name .. ':tick')
 if last and tonumber(last) >= tick then
   return {0, tonumber(last)}
 end
 if now - tick > tonumber(ARGV[4]) and not (ARGV[5] == '1' and last) then
-  redis.call('HSET', stateKey, name .. ':next', ARGV[3], name .. ':schedule', ARGV[7],
+  redis.call('HSET', periodic, name .. ':next', ARGV[3], name .. ':schedule', ARGV[7],
              name .. ':lock', ARGV[8])
   return {2, now}
 end
 -- the job first: a full Redis refuses it before anything else is written
-redis.call('RPUSH', readyKey, ARGV[6])
-redis.call('HSET', stateKey, name .. ':tick', tick, name .. ':run', now, name .. ':next', ARGV[3],
+redis.call('RPUSH', ready, ARGV[6])
+redis.call('HSET', periodic, name .. ':tick', tick, name .. ':run', now, name .. ':next', ARGV[3],
            name .. ':schedule', ARGV[7], name .. ':lock', ARGV[8])
-redis.call('HINCRBY', statsKey, 'enqueued', 1)
-wake(wakeKey)
+redis.call('HINCRBY', stats, 'enqueued', 1)
+leave_wake_token(wake)
 return {1, now}

@@ -25,7 +25,7 @@ from ..scripts import arun_pipeline, calls
 from .state import CHUNK, REDIS_ERRORS, Buffers, State, backoff_s
 
 if TYPE_CHECKING:
-    from ..app import Task
+    from ..task import Task
 
 log = logging.getLogger("batchq.worker")
 

@@ -39,8 +39,8 @@ from .outcomes import Outcomes, describe
 from .state import YIELD_EVERY_S, State
 
 if TYPE_CHECKING:
-    from ..app import Task
     from ..metrics import Recorder
+    from ..task import Task
 
 log = logging.getLogger("batchq.worker")
 

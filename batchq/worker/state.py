@@ -30,8 +30,9 @@ from ..keys import QueueKeys
 from ..scripts import AsyncScripts
 
 if TYPE_CHECKING:
-    from ..app import App, Task
+    from ..app import App
     from ..metrics import Recorder
+    from ..task import Task
 
 CHUNK = 1000
 """Leases per script call (Lua's unpack limit is about 8000 arguments)."""

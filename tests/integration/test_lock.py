@@ -19,7 +19,7 @@ from helpers import cli_env, wait_until
 
 import batchq
 from batchq import lock as lock_mod
-from batchq.lock import lock_keys
+from batchq.keys import lock_keys
 from batchq.scripts import _Lua
 
 pytestmark = pytest.mark.timeout(60)

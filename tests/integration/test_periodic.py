@@ -22,11 +22,11 @@ from helpers import REPO_ROOT, cli_env, wait_until
 
 import batchq
 from batchq import codec
-from batchq.lock import holder, lock_keys, token_owner
+from batchq.keys import lock_keys
+from batchq.lock import holder, token_owner
 from batchq.periodic import (
     Scheduler,
     leader_lock_name,
-    periodic_key,
     periodic_metrics,
     schedules,
 )
@@ -60,7 +60,7 @@ def server_ms(r: redis.Redis) -> int:
 
 
 def leader_pid(app: batchq.App) -> int | None:
-    owner = token_owner(holder(app, leader_lock_name(app)))
+    owner = token_owner(holder(app.clients, leader_lock_name(app)))
     return None if owner is None else int(owner.rsplit(":", 1)[1])
 
 
@@ -148,7 +148,7 @@ def test_each_tick_once_across_processes_with_a_paused_and_a_killed_leader(
             p.send_signal(signal.SIGTERM)
     for p in procs:
         p.wait(10)
-    assert holder(probe, leader_lock_name(probe)) is None
+    assert holder(probe.clients, leader_lock_name(probe)) is None
     probe.close()
 
     # no tick twice; a gap only where a leader was gone, never longer than the takeover
@@ -187,7 +187,7 @@ def test_after_downtime_only_the_latest_tick_runs(app, queue_name):
 
     now = server_ms(app.redis)
     # it last ran an hour ago: 3,600 ticks were missed while nothing was scheduling
-    app.redis.hset(periodic_key(app.keys(queue_name)), "beat:tick", now - now % 1000 - 3_600_000)
+    app.redis.hset(app.keys(queue_name).periodic, "beat:tick", now - now % 1000 - 3_600_000)
     s = Scheduler(app, lease_s=LEASE_S)
     run_for(app, lambda: len(ticks(app, queue_name)) >= 2, s)
     ts = ticks(app, queue_name)
@@ -220,7 +220,7 @@ def test_a_missed_cron_tick_is_skipped_or_caught_up_once(app, queue_name):
     latest = sched["skipped"].latest_tick_ms(now)
     nxt = sched["skipped"].next_tick_ms(now)
     assert 2 * 60_000 <= now - latest <= 4 * 60_000 and nxt == latest + 86_400_000
-    state = periodic_key(app.keys(queue_name))
+    state = app.keys(queue_name).periodic
     # both ran yesterday; the scheduler was down over today's tick
     app.redis.hset(state, mapping={"skipped:tick": latest - 86_400_000,
                                    "caught_up:tick": latest - 86_400_000})

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import redis
 
-from batchq.lock import LockKeys, lock_keys
-from batchq.scripts import SyncScript
+from batchq.keys import LockKeys, lock_keys
+from batchq.scripts import SyncScripts, calls
 
 
 @pytest.fixture
@@ -16,15 +16,15 @@ def lk(namespace: str) -> LockKeys:
 
 
 def acquire(r: redis.Redis, lk: LockKeys, token: str, ttl_ms: int) -> list[int]:
-    return [int(x) for x in SyncScript("lock_acquire", r)([lk.token, lk.fence], [token, ttl_ms])]
+    return [int(x) for x in SyncScripts(r).call(calls.lock_acquire(lk, token, ttl_ms))]
 
 
 def release(r: redis.Redis, lk: LockKeys, token: str) -> int:
-    return int(SyncScript("lock_release", r)([lk.token], [token]))
+    return int(SyncScripts(r).call(calls.lock_release(lk, token)))
 
 
 def extend(r: redis.Redis, lk: LockKeys, token: str, ttl_ms: int) -> int:
-    return int(SyncScript("lock_extend", r)([lk.token], [token, ttl_ms])[0])
+    return int(SyncScripts(r).call(calls.lock_extend(lk, token, ttl_ms))[0])
 
 
 def test_keys_share_the_lock_own_hash_tag(namespace):

@@ -6,8 +6,7 @@ from __future__ import annotations
 import redis
 
 from batchq.keys import QueueKeys
-from batchq.periodic import periodic_key
-from batchq.scripts import SyncScript
+from batchq.scripts import SyncScripts, calls
 
 from ._lua import enqueued, entry, server_ms
 
@@ -16,15 +15,14 @@ GRACE_MS = 15_000
 
 def tick(r: redis.Redis, k: QueueKeys, t: int, nxt: int, *, grace: int = GRACE_MS,
          catch_up: bool = False, e: bytes | None = None, name: str = "sweep") -> list[int]:
-    res = SyncScript("periodic_tick", r)(
-        [periodic_key(k), k.ready_for(0), k.wake, k.stats],
-        [name, t, nxt, grace, "1" if catch_up else "0", e or entry(f"j{t}", task=name),
-         "every 1s", "batchq.periodic.abc"])
+    res = SyncScripts(r).call(calls.periodic_tick(
+        k, 0, name, t, nxt, grace, catch_up, e or entry(f"j{t}", task=name), "every 1s",
+        "batchq.periodic.abc"))
     return [int(x) for x in res]
 
 
 def state(r: redis.Redis, k: QueueKeys, name: str = "sweep") -> dict[str, int | str]:
-    raw = r.hgetall(periodic_key(k))
+    raw = r.hgetall(k.periodic)
     return {f.decode().split(":")[1]: int(v) if v.isdigit() else v.decode()
             for f, v in raw.items() if f.decode().startswith(name + ":")}
 
@@ -60,7 +58,7 @@ def test_a_tick_in_the_future_of_the_server_clock_waits(redis_client, k):
     code, wait_ms = tick(redis_client, k, now + 60_000, now + 120_000)
     assert code == -1 and 50_000 < wait_ms <= 60_000
     assert redis_client.llen(k.ready_for(0)) == 0
-    assert redis_client.exists(periodic_key(k)) == 0
+    assert redis_client.exists(k.periodic) == 0
 
 
 def test_a_late_tick_within_the_grace_still_runs(redis_client, k):
@@ -70,7 +68,7 @@ def test_a_late_tick_within_the_grace_still_runs(redis_client, k):
 
 def test_a_missed_tick_is_skipped_without_catch_up(redis_client, k):
     now = server_ms(redis_client)
-    redis_client.hset(periodic_key(k), "sweep:tick", now - 3_600_000)  # ran an hour ago
+    redis_client.hset(k.periodic, "sweep:tick", now - 3_600_000)  # ran an hour ago
     code, _ = tick(redis_client, k, now - 60_000, now + 60_000)
     assert code == 2
     assert redis_client.llen(k.ready_for(0)) == 0
@@ -80,7 +78,7 @@ def test_a_missed_tick_is_skipped_without_catch_up(redis_client, k):
 
 def test_a_missed_tick_runs_once_with_catch_up(redis_client, k):
     now = server_ms(redis_client)
-    redis_client.hset(periodic_key(k), "sweep:tick", now - 3_600_000)
+    redis_client.hset(k.periodic, "sweep:tick", now - 3_600_000)
     assert tick(redis_client, k, now - 60_000, now + 60_000, catch_up=True)[0] == 1
     assert tick(redis_client, k, now - 60_000, now + 60_000, catch_up=True)[0] == 0
     assert redis_client.llen(k.ready_for(0)) == 1

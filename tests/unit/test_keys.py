@@ -69,10 +69,12 @@ def test_crc16_agrees_with_redis_py():
 def test_all_keys_of_a_queue_share_one_hash_tag_and_slot(namespace, queue):
     k = QueueKeys(namespace, queue)
     keys = k.all()
-    # every key attribute of the dataclass is listed by all(), each once
+    # every key attribute of the dataclass is listed by all(), each once, but the
+    # periodic schedules (kept out so that Queue.clear does not reset them)
     named = {getattr(k, f.name) for f in dataclasses.fields(k)
-             if f.name not in ("namespace", "queue", "prefix", "ready")}
+             if f.name not in ("namespace", "queue", "prefix", "ready", "periodic")}
     assert set(keys) == named | set(k.ready)
+    assert k.periodic not in keys and hash_tag(k.periodic) == f"{namespace}:{queue}"
     assert len(keys) == len(set(keys)) == PRIORITIES + len(named)
     assert {hash_tag(key) for key in keys} == {f"{namespace}:{queue}"}
     assert len({key_slot(key.encode()) for key in keys}) == 1
