@@ -12,6 +12,8 @@ BATCHQ_COMMANDS = (
     "+time", "+exists", "+lpush", "+rpush", "+lpop", "+llen", "+lpos",
     "+zadd", "+zrem", "+zrange", "+zrangebyscore", "+zscore", "+zmscore",
     "+hset", "+hget", "+hdel", "+hexists", "+hincrby", "+hlen",
+    # the lock scripts (app.lock, and the periodic scheduler's leader lock)
+    "+get", "+pttl", "+pexpire", "+incr",
     # commands sent directly (worker, producer, Queue, CLI, metrics)
     "+blpop", "+lindex", "+sadd", "+smembers", "+zcard", "+zremrangebyscore",
     "+hmget", "+hgetall", "+set", "+del", "+expire", "+multi", "+exec",
