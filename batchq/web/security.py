@@ -13,7 +13,7 @@
   comes from (``Origin``, ``Sec-Fetch-Site``), come from this origin.
 * **Read-only.** Actions are refused with ``403``.
 * **Headers.** A strict Content-Security-Policy (scripts and styles from this origin
-  only, no inline script, no framing), ``nosniff``, no referrer, no caching.
+  only, no inline script, no framing), ``nosniff``, no referrer beyond this origin, no caching.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
 SECURITY_HEADERS: list[tuple[bytes, bytes]] = [
     (b"content-security-policy", CSP.encode()),
     (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
+    (b"referrer-policy", b"same-origin"),  # no-referrer would make form posts "Origin: null"
     (b"x-frame-options", b"DENY"),
     (b"cross-origin-opener-policy", b"same-origin"),
     (b"cross-origin-resource-policy", b"same-origin"),

@@ -51,9 +51,9 @@
     if (ts === null || ts === undefined) return "-";
     return new Date(ts * 1000).toISOString().replace("T", " ").slice(0, 19) + "Z";
   }
-  function card(label, value, id) {
+  function card(label, value, id, note) {
     return el("div", { class: "card" }, el("div", { class: "label" }, label),
-      el("div", { class: "value", id }, value));
+      el("div", { class: "value", id }, value), note ? el("div", { class: "note" }, note) : null);
   }
   function table(headers, rows, numeric) {
     return el("div", { class: "panel" }, el("table", {},
@@ -150,10 +150,11 @@
     tick = live(async () => {
       const d = await api("overview", { offset, limit: 50, q: filter });
       const qsum = (f) => d.queues.reduce((a, q) => a + q[f], 0);
+      const part = d.total > d.queues.length ? "this page" : null;  // sums of the page shown
       summary.replaceChildren(card("Queues", fmtInt(d.total), "total-queues"),
         card("Workers", fmtInt(d.workers), "total-workers"),
-        card("Ready", fmtInt(qsum("ready"))), card("Reserved", fmtInt(qsum("reserved"))),
-        card("Delayed", fmtInt(qsum("delayed"))), card("Dead", fmtInt(qsum("dead"))));
+        card("Ready", fmtInt(qsum("ready")), null, part), card("Reserved", fmtInt(qsum("reserved")), null, part),
+        card("Delayed", fmtInt(qsum("delayed")), null, part), card("Dead", fmtInt(qsum("dead")), null, part));
       const rows = d.queues.map((q) => el("tr", { "data-queue": q.name },
         el("td", { "data-col": "name" }, link("/queue?" + qs({ name: q.name }), q.name)),
         numCell(q.ready, "ready"), numCell(q.delayed, "delayed"), numCell(q.reserved, "reserved"),
@@ -176,11 +177,11 @@
   function queuePage() {
     const name = params.get("name") || "";
     const state = el("span", { id: "queue-state", class: "badge" }, "…");
-    const actions = el("span", { class: "toolbar" });
+    const actions = el("div", { class: "toolbar" });
     const cards = el("div", { class: "cards" });
     const prio = el("div");
     const counters = el("div");
-    main.replaceChildren(el("h1", {}, "Queue ", el("span", { id: "queue-name" }, name), state, actions),
+    main.replaceChildren(el("h1", {}, "Queue ", el("span", { id: "queue-name" }, name), state), actions,
       cards, el("h2", {}, "Ready by priority"), prio, el("h2", {}, "Counted by Redis since the queue began"), counters);
     let paused = null;
     const toggle = el("button", { id: "pause", hidden: READ_ONLY, onclick: async () => {
@@ -201,8 +202,8 @@
       cards.replaceChildren(card("Ready", fmtInt(q.ready), "ready"), card("Delayed", fmtInt(q.delayed), "delayed"),
         card("Reserved", fmtInt(q.reserved), "reserved"), card("Dead", fmtInt(q.dead), "dead"),
         card("Oldest ready", q.ready ? duration(q.oldest_age_s) : "-", "oldest"),
-        card("In/s (1m)", rate(q.in_per_s_1m), "in-rate"), card("Out/s (1m)", rate(q.out_per_s_1m), "out-rate"),
-        card("In/s (5m)", rate(q.in_per_s_5m)), card("Out/s (5m)", rate(q.out_per_s_5m)));
+        card("In/s (1m)", rate(q.in_per_s_1m), "in-rate", "5m: " + rate(q.in_per_s_5m)),
+        card("Out/s (1m)", rate(q.out_per_s_1m), "out-rate", "5m: " + rate(q.out_per_s_5m)));
       const byPrio = q.ready_by_priority;
       const most = Math.max(1, ...Object.values(byPrio));
       const rows = [];
