@@ -364,3 +364,10 @@ def test_100k_dead_jobs_and_50_workers_are_paged_never_loaded_whole(
         r.delete(*k.all(), workers_key(app.namespace), queues_key(app.namespace),
                  *(worker_info_key(app.namespace, f"host{n}:{1000 + n}") for n in range(50)))
         app.close()
+
+
+def test_an_oversized_body_is_refused(console: WebServer, capp: batchq.App) -> None:
+    res = post_json(console, "api/dead/purge", {"queue": "side", "ids": ["x" * 300_000]})
+    assert res.status == 400 and "over 262144 bytes" in res.json()["error"]
+    res = post_json(console, "api/queue/pause", {"queue": "side", "pad": "y" * 300_000})
+    assert res.status == 400 and not capp.queue("side").is_paused()
