@@ -29,21 +29,27 @@ from collections.abc import Iterable, Iterator
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import stats
+from . import periodic, stats
 from .clients import Clients
 
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
 
+    from .task import Task
+
 
 class HasClients(Protocol):
-    """What the metrics need of an app (``App`` is one)."""
+    """What the metrics need of an app (``App`` is one): its clients, namespace and
+    tasks (the periodic ones' schedules)."""
 
     @property
     def clients(self) -> Clients: ...
 
     @property
     def namespace(self) -> str: ...
+
+    @property
+    def tasks(self) -> dict[str, Task[..., Any]]: ...
 
 log = logging.getLogger("batchq.metrics")
 
@@ -204,7 +210,8 @@ def bump(d: dict[Any, int], key: Any, n: int = 1) -> None:
 
 
 class QueueCollector:
-    """Queue depths, ages and enqueue counts, read from Redis once per scrape.
+    """Queue depths, ages and enqueue counts, read from Redis once per scrape, and the
+    periodic tasks' last and next runs (``periodic.periodic_metrics``).
 
     Never drops a scrape over data: a malformed name in the registry of queues is
     skipped and counted (``batchq_queue_names_malformed``), and a ready list whose head
@@ -266,6 +273,12 @@ class QueueCollector:
             for outcome in ("succeeded", "dead", "retried"):
                 done.add_metric([name, outcome], snap.outcomes[outcome])
         yield from (jobs, age, lag, paused, malformed, enq, done, bad_names, up)
+        try:  # the periodic tasks' last and next runs; never at the cost of the above
+            fams = periodic.periodic_metrics(self.app)
+        except Exception as exc:
+            log.warning("cannot read the periodic tasks' metrics from Redis: %s", exc)
+        else:
+            yield from fams
 
 
 class SupervisorCollector:

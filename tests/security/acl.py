@@ -11,6 +11,7 @@ BATCHQ_COMMANDS = (
     # commands the scripts run (ACLs apply inside scripts too)
     "+time", "+exists", "+lpush", "+rpush", "+lpop", "+llen", "+lpos",
     "+zadd", "+zrem", "+zrange", "+zrangebyscore", "+zscore", "+zmscore",
+    "+zcount",  # trim_dead.lua: the worker applies the dead-letter retention
     "+hset", "+hget", "+hdel", "+hexists", "+hincrby", "+hlen",
     # the lock scripts (app.lock, and the periodic scheduler's leader lock)
     "+get", "+pttl", "+pexpire", "+incr",
