@@ -18,21 +18,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import codec
-from .keys import queues_key, worker_info_key, workers_key
+from .keys import queues_key
 from .periodic import periodic_status
+from .worker import registry as worker_registry
 
 if TYPE_CHECKING:
     from .app import App
 
-WORKER_TTL_S = 30.0
-"""A registry entry whose heartbeat is older than this is a dead worker."""
-
 COUNTERS = ("enqueued", "succeeded", "dead", "retried")
 """Fields of ``T:stats`` kept by the scripts themselves (see ``metrics.QueueCollector``)."""
-
-_INT_FIELDS = frozenset({"pid", "concurrency", "succeeded", "failed", "in_flight"})
-_FLOAT_FIELDS = frozenset({"started_at", "heartbeat_at"})
-_BOOL_FIELDS = frozenset({"paused"})
 
 
 def _text(v: Any) -> str:
@@ -144,51 +138,10 @@ def queue_page(app: App, *, extra: Iterable[str] = (), contains: str = "", offse
     return len(names), [views[n] for n in page]
 
 
-def _parse_worker(fields: dict[Any, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in fields.items():
-        key, val = _text(k), _text(v)
-        parsed: Any = val
-        try:
-            if key in _INT_FIELDS:
-                parsed = int(val)
-            elif key in _FLOAT_FIELDS:
-                parsed = float(val)
-            elif key in _BOOL_FIELDS:
-                parsed = val not in ("", "0", "false")
-        except ValueError:
-            parsed = val
-        out[key] = parsed
-    return out
-
-
 def live_workers(app: App) -> list[dict[str, Any]]:
-    """Registry entries whose heartbeat is at most ``WORKER_TTL_S`` old (server clock),
-    sorted by id; stale ids are pruned from the registry zset.
-
-    The one place the console reads the worker registry: when the registry moves to
-    ``batchq/worker/registry.py``, this body becomes a call to its ``live_workers``."""
-    r = app.redis
-    key = workers_key(app.namespace)
-    cutoff = server_ms(app) - int(WORKER_TTL_S * 1000)
-    pipe = r.pipeline(transaction=False)
-    pipe.zremrangebyscore(key, "-inf", f"({cutoff}")
-    pipe.zrangebyscore(key, cutoff, "+inf", withscores=True)
-    _, entries = pipe.execute()
-    if not entries:
-        return []
-    ids = [_text(m) for m, _ in entries]
-    pipe = r.pipeline(transaction=False)
-    for wid in ids:
-        pipe.hgetall(worker_info_key(app.namespace, wid))
-    workers: list[dict[str, Any]] = []
-    for wid, (_, score), fields in zip(ids, entries, pipe.execute(), strict=True):
-        w: dict[str, Any] = _parse_worker(fields) if fields else {"id": wid}
-        w.setdefault("id", wid)
-        w.setdefault("heartbeat_at", float(score) / 1000)
-        workers.append(w)
-    workers.sort(key=lambda w: str(w["id"]))
-    return workers
+    """The live workers, sorted by id (``batchq.worker.live_workers``: the registry's
+    own reader, with each heartbeat's age)."""
+    return worker_registry.live_workers(app.redis, app.namespace)
 
 
 def periodic(app: App) -> list[dict[str, Any]]:
@@ -197,7 +150,9 @@ def periodic(app: App) -> list[dict[str, Any]]:
 
 
 def snapshot(app: App, app_queues: Iterable[str] = ()) -> dict[str, Any]:
-    """What ``batchq info --json`` prints: counts of every queue and the live workers."""
+    """What ``batchq info --json`` prints: counts of every queue, the live workers and
+    the periodic tasks."""
     names = queue_names(app, app_queues)
     views = read_queues(app, names) if names else {}
-    return {"queues": {n: views[n].info() for n in names}, "workers": live_workers(app)}
+    return {"queues": {n: views[n].info() for n in names}, "workers": live_workers(app),
+            "periodic": periodic(app)}

@@ -57,7 +57,8 @@ def test_info_is_what_batchq_info_json_prints(console: WebServer, capp: batchq.A
                          cwd=REPO_ROOT, env=cli_env(env), capture_output=True, text=True,
                          timeout=60, check=True)
     cli = json.loads(out.stdout)
-    assert set(api) == set(cli) == {"queues", "workers"}
+    assert set(api) == set(cli) == {"queues", "workers", "periodic"}
+    assert api["periodic"] == cli["periodic"]
     for q in (api["queues"], cli["queues"]):
         for v in q.values():
             v.pop("oldest_age_s")  # read a moment apart
