@@ -248,8 +248,10 @@ def test_a_child_with_a_blocked_loop_is_killed_and_its_job_retried(h: Harness) -
 
     h.wait_done([once, *quick], timeout_s=30)
     assert min(s.attempt for s in h.starts() if s.id == once) == 1  # the one that blocked
-    (retry,) = [r.attempt for r in h.runs() if r.id == once]
-    assert retry >= 2
+    # it ran again elsewhere (at least once: a lease that expired while the loop was
+    # blocked may hand it out twice before the blocked child is killed)
+    retries = [r.attempt for r in h.runs() if r.id == once]
+    assert retries and min(retries) >= 2, retries
 
     q = h.app.queue("default")
     h.until(lambda: q.dead_ids() == [always], 30, "the always-blocking job dead-lettered")
