@@ -305,21 +305,17 @@ async def _load(args: argparse.Namespace, app: Any, task: Any, profile: Profile 
         await d.redis.ping()
         if args.join is None:
             job_args, job_kwargs = job or ([], {})
-            lead = CHILD_LEAD_S if args.producers > 1 else 0.2
             try:
-                start_s = await d.open(profile, job_args, job_kwargs, lead,  # type: ignore[arg-type]
-                                       args.producers)
+                await d.open(profile, job_args, job_kwargs, CHILD_LEAD_S,  # type: ignore[arg-type]
+                             args.producers)
             except ValueError as exc:
                 raise _Usage(str(exc)) from None
             print(f"load run {run_id} (other machines: --join {run_id})", file=sys.stderr)
-            if args.producers > 1:
-                children = spawn_children(args.app, task.name, run_id, args.producers,
-                                          app.redis_url)
-                await d.watch(lambda: all(c.poll() is not None for c in children))
-            else:
-                await d.join()
-                await _produce_and_watch(d, profile, job_args, job_kwargs, start_s,  # type: ignore[arg-type]
-                                         (0, 1))
+            # the producers are child processes even when there is one: their event loop
+            # does nothing but send, so reading and judging the run costs them no lateness
+            children = spawn_children(args.app, task.name, run_id, args.producers,
+                                      app.redis_url)
+            await d.watch(lambda: all(c.poll() is not None for c in children))
         else:
             try:
                 meta = await d.join()

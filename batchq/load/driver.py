@@ -8,8 +8,9 @@ is the run's status: an abort reaches every producer within a second). Each job
 carries ``[run id, intended send time]`` (``probe.LOAD_KWARG``), so workers measure
 from when the job *should* have been sent.
 
-``--producers N`` starts N child processes (``--join RUN --part k/N``) that split the
-schedule, and the parent only watches; ``--join RUN`` on another machine adds that
+The process that starts a run only watches it: its ``--producers N`` (default 1) are
+child processes (``--join RUN --part k/N``) that split the schedule and do nothing but
+send; ``--join RUN`` on another machine adds that
 machine's sends (its own profile, or the run's when it gives none).
 """
 
@@ -38,8 +39,8 @@ __all__ = ["Driver", "RunGone", "new_run_id"]
 
 PROGRESS_EVERY_S = 1.0
 CHILD_LEAD_S = 2.0
-"""With ``--producers``: the schedule starts this long after the run is opened, time for
-the children to start (a late child sends its backlog late, and says so)."""
+"""The schedule starts this long after the run is opened: time for the producer processes
+to start (a late one sends its backlog late, and its send lateness says so)."""
 
 
 class RunGone(Exception):
