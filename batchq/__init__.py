@@ -12,6 +12,7 @@ from .errors import (
     PayloadTooLarge,
     Retry,
 )
+from .load import CurrentJob, current_job
 from .lock import Lock
 from .periodic import Schedule, periodic_status, run_scheduler
 from .producer import Call, call
@@ -25,6 +26,7 @@ __all__ = [
     "App",
     "BatchqError",
     "Call",
+    "CurrentJob",
     "DeadJob",
     "DeadRetention",
     "EnqueueError",
@@ -45,6 +47,7 @@ __all__ = [
     "WorkerSettings",
     "__version__",
     "call",
+    "current_job",
     "periodic_status",
     "run_scheduler",
     "run_worker",

@@ -126,3 +126,26 @@ def lock_keys(namespace: str, name: str) -> LockKeys:
                          "braces or white space")
     prefix = f"{namespace}:{{{namespace}:lock:{name}}}"
     return LockKeys(f"{prefix}:token", f"{prefix}:fence")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadKeys:
+    """The keys of one load-test run (``batchq bench load``), under the run's own hash
+    tag ``{NS:load:RUN}``; all expire (``batchq.load.merge.RUN_TTL_S``)."""
+
+    meta: str
+    """Hash: the run's description (task, profile, start) and status (``load_open.lua``)."""
+    sum: str
+    """Hash: totals merged by every producer and worker (``load_merge.lua``)."""
+    timeline: str
+    """Hash: per-second figures, ``<unix second>:<figure>`` (``load_merge.lua``)."""
+
+
+def load_keys(namespace: str, run_id: str) -> LoadKeys:
+    """Key names of load-test run ``run_id``; ``ValueError`` for an id a key cannot carry."""
+    if not isinstance(run_id, str) or not 0 < len(run_id) <= 64 \
+            or not all(c.isalnum() or c in "-_." for c in run_id):
+        raise ValueError(f"invalid load run id {run_id!r}: use 1..64 letters, digits, "
+                         "'-', '_' or '.'")
+    prefix = f"{namespace}:{{{namespace}:load:{run_id}}}"
+    return LoadKeys(f"{prefix}:meta", f"{prefix}:sum", f"{prefix}:timeline")

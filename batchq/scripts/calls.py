@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..keys import MAX_PRIORITY, LockKeys, QueueKeys
+from ..keys import MAX_PRIORITY, LoadKeys, LockKeys, QueueKeys
 
 _READY_ALL = tuple(f"ready{p}" for p in range(MAX_PRIORITY, -1, -1))
 
@@ -37,6 +37,8 @@ KEY_ORDER: dict[str, tuple[str, ...]] = {
     "lock_acquire": ("token", "fence"),
     "lock_release": ("token",),
     "lock_extend": ("token",),
+    "load_open": ("meta",),
+    "load_merge": ("sum", "timeline", "meta"),
 }
 """Script name -> the name of each KEYS slot, in order."""
 
@@ -50,7 +52,8 @@ class Call:
     args: list[Any]
 
 
-def _keys(script: str, k: QueueKeys | LockKeys, priority: int | None = None) -> list[str]:
+def _keys(script: str, k: QueueKeys | LockKeys | LoadKeys,
+          priority: int | None = None) -> list[str]:
     out = []
     for name in KEY_ORDER[script]:
         if name.startswith("ready"):
@@ -146,3 +149,20 @@ def lock_release(k: LockKeys, token: str) -> Call:
 
 def lock_extend(k: LockKeys, token: str, ttl_ms: int) -> Call:
     return Call("lock_extend", _keys("lock_extend", k), [token, ttl_ms])
+
+
+def load_open(k: LoadKeys, mode: str, ttl_ms: int,
+              fields: Sequence[tuple[str, str]] = ()) -> Call:
+    """Create (``mode`` ``"new"``, with ``fields``) or join (``"join"``) a load run."""
+    args: list[Any] = [mode, ttl_ms]
+    for f, v in fields:
+        args += [f, v]
+    return Call("load_open", _keys("load_open", k), args)
+
+
+def load_merge(k: LoadKeys, ttl_ms: int, ops: Sequence[tuple[str, int, str, Any]]) -> Call:
+    """Merge ``ops`` ``(op, key 1..3, field, value)`` into a load run (see the script)."""
+    args: list[Any] = [ttl_ms, len(ops)]
+    for op in ops:
+        args += op
+    return Call("load_merge", _keys("load_merge", k), args)

@@ -162,6 +162,8 @@ class Worker:
             if stuck:
                 log.warning("%d background tasks did not stop; leaving them", len(stuck))
             await self.outcomes.flush_with_retry(final=True)
+            if self.runners.probe is not None:
+                await self.runners.probe.close()  # the last load-test figures
             self._publish_metrics()
             await self._close()
         return EXIT_RECYCLED if st.recycled else st.exit_code
