@@ -6,126 +6,80 @@ reads only; actions (pause, retry, purge) stay on :class:`batchq.queue.Queue`.
 
 Every queue read is one pipelined round trip for the whole page of queues (200 queues:
 one pipeline, not 200 calls), with the server's ``TIME`` in the same pipeline so ages use
-the Redis clock. Sections that later issues add (campaigns, groups and limits) get their
-own reader here next to these, and a key of their own in the console's overview.
+the Redis clock (``batchq.stats.read``, the reader ``Queue.stats`` and ``/metrics``
+share, which never fails on data written by hand). Sections that later issues add
+(campaigns, groups and limits) get their own reader here next to these, and a key of
+their own in the console's overview.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import codec
-from .keys import queues_key
+import redis
+
+from . import stats
 from .periodic import periodic_status
+from .stats import QueueStats
 from .worker import registry as worker_registry
 
 if TYPE_CHECKING:
     from .app import App
 
-COUNTERS = ("enqueued", "succeeded", "dead", "retried")
-"""Fields of ``T:stats`` kept by the scripts themselves (see ``metrics.QueueCollector``)."""
-
-
-def _text(v: Any) -> str:
-    return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
-
 
 @dataclass(frozen=True)
 class QueueView:
-    """One queue as read in one pipeline: counts by state, the oldest ready job's age
-    (server clock), ready jobs by priority and the scripts' cumulative counters."""
+    """One queue as read in one pipeline (``stats.read``): its counts by state, the
+    oldest ready job's age (server clock), ready jobs by priority, the heads that are not
+    runnable jobs, and the scripts' cumulative counters (``stats.OUTCOMES``)."""
 
     name: str
-    ready: int
-    delayed: int
-    reserved: int
-    dead: int
-    paused: bool
-    oldest_age_s: float
-    ready_by_priority: dict[int, int] = field(default_factory=dict)
-    counters: dict[str, int] = field(default_factory=dict)
+    stats: QueueStats
+    counters: dict[str, int]
 
     def info(self) -> dict[str, Any]:
-        """The per-queue shape of ``batchq info --json``."""
-        return {
-            "ready": self.ready,
-            "delayed": self.delayed,
-            "reserved": self.reserved,
-            "dead": self.dead,
-            "paused": self.paused,
-            "oldest_age_s": round(self.oldest_age_s, 3),
+        """The per-queue shape of ``batchq info --json``; ``malformed_heads`` (the
+        priorities whose ready list starts with an entry that is not a runnable job)
+        only when there are some."""
+        st = self.stats
+        row: dict[str, Any] = {
+            "ready": st.ready,
+            "delayed": st.delayed,
+            "reserved": st.reserved,
+            "dead": st.dead,
+            "paused": st.paused,
+            "oldest_age_s": round(st.oldest_age_s, 3),
         }
+        if st.malformed_heads:
+            row["malformed_heads"] = list(st.malformed_heads)
+        return row
 
     def as_dict(self) -> dict[str, Any]:
         """Everything, for the console's JSON API."""
         return {"name": self.name, **self.info(),
                 "ready_by_priority": {str(p): n for p, n in
-                                      sorted(self.ready_by_priority.items(), reverse=True)},
+                                      sorted(self.stats.ready_by_priority.items(),
+                                             reverse=True)},
                 "counters": dict(self.counters)}
+
+
+def _names(app: App, extra: Iterable[str]) -> tuple[list[str], list[bytes]]:
+    good, bad = stats.registered_queues(app.redis, app.namespace)
+    return sorted(set(good).union(extra)), bad
 
 
 def queue_names(app: App, extra: Iterable[str] = ()) -> list[str]:
     """Every queue of the namespace (the registry set) plus ``extra`` (an app's declared
     queues), sorted; names batchq itself would never register are left out."""
-    names = {_text(m) for m in app.redis.smembers(queues_key(app.namespace))} | set(extra)
-    out = []
-    for name in sorted(names):
-        try:
-            app.keys(name)
-        except ValueError:
-            continue
-        out.append(name)
-    return out
-
-
-def server_ms(app: App) -> int:
-    """The Redis server's clock in ms."""
-    sec, usec = app.redis.time()
-    return int(sec) * 1000 + int(usec) // 1000
+    return _names(app, extra)[0]
 
 
 def read_queues(app: App, names: list[str]) -> dict[str, QueueView]:
     """Counts of ``names`` (valid queue names) in one pipelined round trip."""
-    pipe = app.redis.pipeline(transaction=False)
-    # TIME by name: a cluster pipeline refuses pipe.time()
-    pipe.execute_command("TIME")  # type: ignore[no-untyped-call]
-    for name in names:
-        k = app.keys(name)
-        for key in k.ready:
-            pipe.llen(key)
-        for key in k.ready:
-            pipe.lindex(key, 0)
-        pipe.zcard(k.delayed)
-        pipe.zcard(k.reserved)
-        pipe.zcard(k.dead)
-        pipe.exists(k.paused)
-        pipe.hmget(k.stats, list(COUNTERS))
-    res = pipe.execute()
-    sec, usec = res[0]
-    now_ms = int(sec) * 1000 + int(usec) // 1000
-    out: dict[str, QueueView] = {}
-    i = 1
-    for name in names:
-        n = len(app.keys(name).ready)
-        lens = [int(x) for x in res[i : i + n]]
-        heads = res[i + n : i + 2 * n]
-        delayed, reserved, dead, paused, counts = res[i + 2 * n : i + 2 * n + 5]
-        i += 2 * n + 5
-        oldest = 0.0
-        for head in heads:
-            if head:
-                with contextlib.suppress(codec.DecodeError):
-                    ready_ms = codec.decode_entry(head, name).ready_ms
-                    oldest = max(oldest, (now_ms - ready_ms) / 1000)
-        out[name] = QueueView(
-            name=name, ready=sum(lens), delayed=int(delayed), reserved=int(reserved),
-            dead=int(dead), paused=bool(paused), oldest_age_s=oldest,
-            ready_by_priority={9 - j: c for j, c in enumerate(lens) if c},
-            counters={f: int(v or 0) for f, v in zip(COUNTERS, counts, strict=True)})
-    return out
+    snaps = stats.read(app.redis, [app.keys(name) for name in names])
+    return {s.name: QueueView(s.name, s.stats, s.outcomes) for s in snaps}
 
 
 def queue_page(app: App, *, extra: Iterable[str] = (), contains: str = "", offset: int = 0,
@@ -150,9 +104,24 @@ def periodic(app: App) -> list[dict[str, Any]]:
 
 
 def snapshot(app: App, app_queues: Iterable[str] = ()) -> dict[str, Any]:
-    """What ``batchq info --json`` prints: counts of every queue, the live workers and
-    the periodic tasks."""
-    names = queue_names(app, app_queues)
+    """What ``batchq info --json`` prints (and ``/api/info`` answers): counts of every
+    queue, the live workers and the periodic tasks. Data written by hand never fails it:
+    a name in the registry that is not a queue name is listed with an ``error``, a head
+    that is not a job in ``malformed_heads``, and periodic tasks that cannot be read
+    leave ``periodic`` empty with a ``periodic_error``."""
+    names, bad = _names(app, app_queues)
     views = read_queues(app, names) if names else {}
-    return {"queues": {n: views[n].info() for n in names}, "workers": live_workers(app),
-            "periodic": periodic(app)}
+    queues = {n: views[n].info() for n in names}
+    for raw in bad:
+        queues[raw.decode("utf-8", "backslashreplace")] = {
+            "error": "not a valid queue name (written by hand?)"}
+    snap: dict[str, Any] = {"queues": dict(sorted(queues.items())),
+                            "workers": live_workers(app)}
+    try:
+        snap["periodic"] = periodic(app)
+    except (redis.ConnectionError, redis.TimeoutError):
+        raise
+    except Exception as exc:  # a schedule hash edited by hand: report, do not crash
+        snap["periodic"] = []
+        snap["periodic_error"] = f"cannot read the periodic tasks: {type(exc).__name__}: {exc}"
+    return snap

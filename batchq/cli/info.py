@@ -1,8 +1,10 @@
 """``batchq info``: queue counts, live workers and periodic tasks, once or refreshed.
 
-Data is read defensively: a queue whose entries cannot be read (a malformed job at the
-head of a ready list, a name that is not UTF-8) is flagged in its row with the problem,
-and every other queue and worker is still shown. Worker ages (up, last heartbeat) come
+What it shows is ``batchq.overview.snapshot`` (``--json`` prints it as it is; the web
+console's ``/api/info`` answers the same). Data is read defensively: a queue whose
+entries cannot be read (a malformed job at the head of a ready list, a name that is not
+a queue name) is flagged in its row with the problem, and every other queue and worker
+is still shown. Worker ages (up, last heartbeat) come
 from the timestamps in the worker registry, so a worker that died recently shows how
 stale its entry is.
 """
@@ -17,10 +19,7 @@ from typing import Any
 import redis
 
 from .. import exitcodes
-from ..keys import queues_key
-from ..periodic import periodic_status
-from ..queue import Queue
-from ..worker import live_workers
+from ..overview import snapshot
 from ..worker.registry import STALE_AFTER_S
 from .common import (
     Target,
@@ -40,63 +39,13 @@ from .flags import seconds
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 
 
-def _queue_row(q: Queue) -> dict[str, Any]:
-    """One queue's counts; a queue whose data cannot be read is flagged, not fatal."""
-    try:
-        st = q.stats()
-    except (redis.ConnectionError, redis.TimeoutError):
-        raise
-    except Exception as exc:  # malformed data written by hand: report, do not crash
-        return {"error": f"cannot read the queue's counts: {type(exc).__name__}: {exc} "
-                "(malformed entry?)"}
-    row: dict[str, Any] = {
-        "ready": st.ready,
-        "delayed": st.delayed,
-        "reserved": st.reserved,
-        "dead": st.dead,
-        "paused": st.paused,
-        "oldest_age_s": round(st.oldest_age_s, 3),
-    }
-    # filled by Queue.stats when a ready list starts with an entry it cannot decode
-    malformed = getattr(st, "malformed_heads", None)
-    if malformed:
-        row["malformed_heads"] = malformed
-    return row
-
-
-def snapshot(t: Target) -> dict[str, Any]:
-    """What ``batchq info --json`` prints: queue counts, live workers and periodic tasks
-    (``periodic.periodic_status``: the app's, or without an app every schedule recorded
-    in the namespace's queues)."""
-    r = t.app.redis
-    names = {text(m) for m in r.smembers(queues_key(t.namespace))} | set(t.app_queues)
-    queues: dict[str, Any] = {}
-    for name in sorted(names):
-        try:
-            q = t.app.queue(name)
-        except ValueError:
-            queues[name] = {"error": "not a valid queue name (written by hand?)"}
-            continue
-        queues[name] = _queue_row(q)
-    snap: dict[str, Any] = {"queues": queues,
-                            "workers": live_workers(t.app.redis, t.app.namespace)}
-    try:
-        snap["periodic"] = periodic_status(t.app)
-    except (redis.ConnectionError, redis.TimeoutError):
-        raise
-    except Exception as exc:  # a schedule hash edited by hand: report, do not crash
-        snap["periodic"] = []
-        snap["periodic_error"] = f"cannot read the periodic tasks: {type(exc).__name__}: {exc}"
-    return snap
-
-
 def _problems(snap: dict[str, Any]) -> list[str]:
     notes = []
     for name, q in snap["queues"].items():
         if "error" in q:
-            notes.append(f"queue {name}: {q['error']}")
+            notes.append(f"queue {text(name)}: {q['error']}")
         elif q.get("malformed_heads"):
-            notes.append(f"queue {name}: malformed entry at the head of a ready list "
+            notes.append(f"queue {text(name)}: malformed entry at the head of a ready list "
                          f"({text(q['malformed_heads'])}); the worker dead-letters it as "
                          "decode_error when it pops it")
     if snap.get("periodic_error"):
@@ -111,11 +60,11 @@ def render_info(t: Target, snap: dict[str, Any]) -> str:
         rows = []
         for name, q in qs.items():
             if "error" in q:
-                rows.append([name + " (!)", "?", "?", "?", "?", "?", "?"])
+                rows.append([text(name) + " (!)", "?", "?", "?", "?", "?", "?"])
                 continue
-            rows.append([name + (" (!)" if q.get("malformed_heads") else ""), str(q["ready"]),
-                         str(q["delayed"]), str(q["reserved"]), str(q["dead"]),
-                         "yes" if q["paused"] else "no",
+            flag = " (!)" if q.get("malformed_heads") else ""
+            rows.append([text(name) + flag, str(q["ready"]), str(q["delayed"]),
+                         str(q["reserved"]), str(q["dead"]), "yes" if q["paused"] else "no",
                          duration(q["oldest_age_s"]) if q["ready"] else "-"])
         lines.append(table(["QUEUE", "READY", "DELAYED", "RESERVED", "DEAD", "PAUSED",
                             "OLDEST"], rows, right={1, 2, 3, 4, 6}))
@@ -172,7 +121,7 @@ def _periodic_table(ps: list[dict[str, Any]]) -> str:
 def cmd_info(args: argparse.Namespace) -> int:
     t = target(args)
     if args.interval is None:
-        snap = snapshot(t)
+        snap = snapshot(t.app, t.app_queues)
         out(dumps(snap) if args.json else render_info(t, snap))
         for p in _problems(snap) if args.json else []:
             err(f"batchq info: {p}")
@@ -180,7 +129,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     try:
         while True:
             try:
-                snap = snapshot(t)
+                snap = snapshot(t.app, t.app_queues)
                 shown = dumps(snap) if args.json else render_info(t, snap)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 shown = f"{unreachable(t.url, exc)} (retrying every {args.interval:g}s)"
