@@ -6,7 +6,8 @@ thread), or mount :func:`create_app`'s ASGI app yourself. Modules, in the order 
 request meets them: ``security`` (bind rule, auth, host, CSRF, headers), ``routes``
 (pages and the ``/api/`` JSON), ``deadletters`` (paged, searched and chunked dead-letter
 work), ``rates`` (jobs/s from the scripts' counters), ``server`` (uvicorn in a thread);
-the data itself comes from :mod:`batchq.overview`. ``python -m batchq.web`` runs it.
+the data itself comes from :mod:`batchq.overview`. ``batchq web`` (or ``python -m
+batchq.web``) runs it.
 """
 
 from __future__ import annotations

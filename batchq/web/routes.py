@@ -38,6 +38,7 @@ from starlette.routing import Route
 
 from .. import overview
 from ..connection import redact
+from ..web_settings import REFRESH_MAX_S, REFRESH_MIN_S, REFRESH_S
 from . import deadletters
 from .rates import RateTracker
 from .security import COOKIE, Guard, csrf_value, same_secret, session_value
@@ -45,9 +46,6 @@ from .security import COOKIE, Guard, csrf_value, same_secret, session_value
 if TYPE_CHECKING:
     from ..app import App
 
-REFRESH_S = 2.0
-REFRESH_MIN_S, REFRESH_MAX_S = 1.0, 60.0
-"""A client-given refresh interval is clamped to this range (sidekiq#6045)."""
 QUEUES_PAGE, QUEUES_PAGE_MAX = 50, 200
 DEAD_PAGE = 50
 WORKERS_PAGE, WORKERS_PAGE_MAX = 50, 200

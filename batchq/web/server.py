@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
-from .routes import REFRESH_S, create_app
+from ..web_settings import HOST, PORT, REFRESH_S
+from .routes import create_app
 from .security import check_bind
 
 if TYPE_CHECKING:
@@ -27,8 +28,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("batchq.web")
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 9181
+DEFAULT_HOST, DEFAULT_PORT = HOST, PORT
 START_TIMEOUT_S = 10.0
 
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from uuid import uuid4
@@ -68,6 +69,18 @@ def http(method: str, url: str, body: Any = None, headers: Mapping[str, str] | N
             return Reply(res.status, dict(res.headers), res.read())
     except urllib.error.HTTPError as err:
         return Reply(err.code, dict(err.headers), err.read())
+
+
+def wait_answer(url: str, proc: subprocess.Popen[str], output: Callable[[], str]) -> Reply:
+    """Wait until the console of ``proc`` answers ``url``; fail with ``output()`` (the
+    process's output) if it exits first."""
+    def answer() -> Reply | None:
+        assert proc.poll() is None, output()
+        try:
+            return http("GET", url)
+        except OSError:
+            return None
+    return wait_until(answer, timeout_s=30, interval_s=0.1, message=f"{url} answers")
 
 
 def csrf_of(page_html: str) -> str:
