@@ -13,8 +13,8 @@ stops the supervisor with the child's exit code instead of a crash loop.
 
 Signals: TERM graceful (children drain), INT / QUIT / a second TERM fast, HUP rolling
 restart with a fresh import of the app's modules, TTIN / TTOU one worker more / less,
-TSTP pause fetching / CONT resume. The metrics server process and the counts it
-serves are in ``supervisor_metrics.py``.
+TSTP pause fetching / CONT resume. The metrics server process (which also serves the
+web console with ``--web``) and the counts it serves are in ``supervisor_metrics.py``.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from types import FrameType
 from .app import App
 from .exitcodes import EXIT_ERROR, EXIT_IMPORT, EXIT_OK, EXIT_RECYCLED, EXIT_REDIS, EXIT_STALLED
 from .supervisor_metrics import MetricsChild
+from .web_settings import WebSettings
 from .worker import WorkerSettings
 
 log = logging.getLogger("batchq.supervisor")
@@ -56,6 +57,8 @@ class SupervisorSettings:
     metrics_addr: str = "127.0.0.1"
     metrics_port: int = 9808
     """0: no metrics server."""
+    web: WebSettings | None = None
+    """The web console, served from the metrics process (``--web``); None: none."""
 
 
 @dataclass
@@ -116,7 +119,8 @@ class Supervisor:
         self.metrics = MetricsChild(app, directory=settings.metrics_dir,
                                     addr=settings.metrics_addr, port=settings.metrics_port,
                                     log_level=settings.log_level,
-                                    log_format=settings.log_format, signals=self.SIGNALS)
+                                    log_format=settings.log_format, signals=self.SIGNALS,
+                                    web=settings.web)
 
     # --- main loop -------------------------------------------------------------------
 

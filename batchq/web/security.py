@@ -82,8 +82,8 @@ def check_bind(host: str, token: str | None) -> None:
     if token is None and not is_loopback(host):
         raise InsecureBindError(
             f"refusing to serve the web console on {host!r} without a token: anyone who "
-            "can reach it could retry or purge jobs. Pass --token (or set "
-            "BATCHQ_WEB_TOKEN), or bind to 127.0.0.1")
+            "can reach it could retry or purge jobs. Set BATCHQ_WEB_TOKEN (or pass "
+            "--token; --web-token to batchq worker), or bind to 127.0.0.1")
 
 
 def session_value(token: str) -> str:
