@@ -35,7 +35,9 @@ from redis.exceptions import NoScriptError
 from .calls import Call
 
 NAMES = ("enqueue", "schedule", "pop", "ack", "nack", "release", "extend", "redrive",
-         "start", "trim_dead", "lock_acquire", "lock_release", "lock_extend", "periodic_tick")
+         "start", "trim_dead", "lock_acquire", "lock_release", "lock_extend", "periodic_tick",
+         "enqueue_tracked", "campaign_queue", "campaign_open", "campaign_join",
+         "campaign_close", "campaign_finish")
 
 _CALLS = "_batchq_calls"
 

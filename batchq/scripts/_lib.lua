@@ -103,3 +103,86 @@ local function forget_marks(recovered, started, ids)
     redis.call('HDEL', started, unpack(ids))
   end
 end
+
+-- Tracked jobs: campaign members and jobs with a dedup key. Their ids end in "_m"
+-- (producer: codec.TRACKED_SUFFIX) and they have a jobmeta entry
+-- "<campaign>\n<key ttl ms>\n<dedup key>" until settled. Plain jobs pay one string
+-- compare here and no Redis call.
+local function tracked(id)
+  return string.sub(id, -2) == '_m'
+end
+
+-- {id, campaign, key ttl ms, key} of the ids that still have a jobmeta entry.
+local function meta_of(jobmeta, ids)
+  local out = {}
+  if #ids == 0 then return out end
+  local vals = redis.call('HMGET', jobmeta, unpack(ids))
+  for i, v in ipairs(vals) do
+    if v then
+      local cid, ttl, key = string.match(v, '^([^\n]*)\n(%d*)\n(.*)$')
+      if cid then out[#out + 1] = {ids[i], cid, tonumber(ttl) or 0, key} end
+    end
+  end
+  return out
+end
+
+-- Tracked jobs given a lease (delta 1) or taken back unsettled (-1): the campaigns'
+-- "leased now" counts ("<campaign>:r"), so a cancel knows how many had not started.
+local function lease_tracked(campaigns, jobmeta, ids, delta)
+  local per, order = {}, {}
+  for _, m in ipairs(meta_of(jobmeta, ids)) do
+    if m[2] ~= '' then
+      if not per[m[2]] then order[#order + 1] = m[2]; per[m[2]] = 0 end
+      per[m[2]] = per[m[2]] + delta
+    end
+  end
+  for _, cid in ipairs(order) do
+    redis.call('HINCRBY', campaigns, cid .. ':r', per[cid])
+  end
+end
+
+-- Settle tracked jobs for good: outcome 's' (succeeded), 'd' (dead) or 'c' (cancelled).
+-- Counted by membership: only jobs whose jobmeta entry is still there count, and the
+-- entry goes, so a redelivered or double-acked job counts once. A dedup key that still
+-- names its job starts to lapse (now + its ttl). `leased`: the jobs held a lease.
+-- Campaigns whose pending count on this queue reaches 0 while closed here (sealed or
+-- cancelled) are appended to `due`: the caller's process then tries to complete them.
+local function settle_tracked(campaigns, jobmeta, dedup, dedup_exp, ids, outcome, leased,
+                              now, due)
+  local metas = meta_of(jobmeta, ids)
+  if #metas == 0 then return end
+  local gone, per, order, keys, kids, kttl = {}, {}, {}, {}, {}, {}
+  for _, m in ipairs(metas) do
+    gone[#gone + 1] = m[1]
+    if m[2] ~= '' then
+      if not per[m[2]] then order[#order + 1] = m[2]; per[m[2]] = 0 end
+      per[m[2]] = per[m[2]] + 1
+    end
+    if m[4] ~= '' then
+      keys[#keys + 1] = m[4]
+      kids[#kids + 1] = m[1]
+      kttl[#kttl + 1] = m[3]
+    end
+  end
+  for _, cid in ipairs(order) do
+    local n = per[cid]
+    redis.call('HINCRBY', campaigns, cid .. ':' .. outcome, n)
+    if leased then redis.call('HINCRBY', campaigns, cid .. ':r', -n) end
+    if redis.call('HINCRBY', campaigns, cid .. ':p', -n) <= 0 then
+      local f = redis.call('HGET', campaigns, cid .. ':f')
+      if f == 'sealed' or f == 'cancelled' then due[#due + 1] = cid end
+    end
+  end
+  if #keys > 0 then
+    local cur = redis.call('HMGET', dedup, unpack(keys))
+    local z = {}
+    for i, k in ipairs(keys) do
+      if cur[i] == kids[i] then
+        z[#z + 1] = now + kttl[i]
+        z[#z + 1] = k
+      end
+    end
+    if #z > 0 then redis.call('ZADD', dedup_exp, unpack(z)) end
+  end
+  redis.call('HDEL', jobmeta, unpack(gone))
+end

@@ -14,6 +14,10 @@
 -- KEYS[19] recovered hash: id -> "<recoveries>:<crashes>" of jobs taken back from a
 --          worker whose lease expired
 -- KEYS[20] started hash: id -> lease whose handler started in isolation (start.lua)
+-- KEYS[21] campaigns hash, KEYS[22] jobmeta hash, KEYS[23] dedup hash, KEYS[24]
+--          dedup:exp zset: tracked jobs (ids ending "_m", _lib.lua) are counted as
+--          leased when popped and settled when reaped dead; a popped job of a campaign
+--          cancelled on this queue is not reserved: it is dropped and counted cancelled
 -- ARGV[1]  how many jobs to pop (0 = maintenance only)
 -- ARGV[2]  lease in ms
 -- ARGV[3]  chunk: at most this many delayed and expired jobs are moved per call
@@ -31,7 +35,8 @@
 -- Returns {now_ms, next_due_ms or -1, next_deadline_ms or -1, promoted, reaped,
 --          expired (dead-lettered: lease_expired), malformed (dead-lettered:
 --          decode_error), crashed (dead-lettered: crashed_worker), {positions (1-based,
---          among the jobs) of jobs to run alone}, job, job, ...}; each job is the entry
+--          among the jobs) of jobs to run alone}, {ids of campaigns that became due:
+--          the worker tries to complete them}, job, job, ...}; each job is the entry
 --          with its attempt counted.
 local delayed = KEYS[1]
 local reserved = KEYS[2]
@@ -44,6 +49,10 @@ local READY9 = 8  -- KEYS[READY9 + 9 - p] is the ready list of priority p
 local stats = KEYS[18]
 local recovered = KEYS[19]
 local started = KEYS[20]
+local campaigns = KEYS[21]
+local jobmeta = KEYS[22]
+local dedup = KEYS[23]
+local dedup_exp = KEYS[24]
 
 local ISOLATE_AFTER = 2  -- recoveries after which a job runs alone, its start recorded
 
@@ -74,11 +83,13 @@ end
 local reaped, buried, crashed = 0, 0, 0
 local expired = redis.call('ZRANGEBYSCORE', reserved, '-inf', now, 'LIMIT', 0, chunk)
 local gone = {}
+local t_back, t_dead = {}, {}  -- tracked jobs reaped back to ready / dead
 for x = #expired, 1, -1 do
   local m = expired[x]
   local id = member_id(m)
   local e = id and redis.call('HGET', inflight, id)
   local ok = true
+  local reaped_now = false
   if e then
     local p, a, mx, _, hl = parse(e)
     local rec = redis.call('HGET', recovered, id)
@@ -118,9 +129,14 @@ for x = #expired, 1, -1 do
       if ok then
         redis.call('HSET', recovered, id, (n + 1) .. ':' .. c)
         reaped = reaped + 1
+        reaped_now = true
       end
     end
     if ok then
+      if tracked(id) then
+        local list = (reaped_now and t_back) or t_dead
+        list[#list + 1] = id
+      end
       redis.call('HDEL', started, id)
       redis.call('HDEL', inflight, id)
     end
@@ -134,18 +150,25 @@ end
 if buried + crashed > 0 then
   redis.call('HINCRBY', stats, 'dead', buried + crashed)
 end
+local due = {}
+if #t_back > 0 then lease_tracked(campaigns, jobmeta, t_back, -1) end
+if #t_dead > 0 then
+  settle_tracked(campaigns, jobmeta, dedup, dedup_exp, t_dead, 'd', true, now, due)
+end
 if #moved > 0 or reaped > 0 then
   leave_wake_token(wake)
 end
 
 -- 3. pop and reserve
 local marks = {}
-local out = {now, -1, -1, #moved, reaped, buried, 0, crashed, marks}
+local out = {now, -1, -1, #moved, reaped, buried, 0, crashed, marks, due}
 local header_n = #out
 if want > 0 and redis.call('EXISTS', paused) == 0 then
   local deadline = now + lease
   local any_recovered = redis.call('HLEN', recovered) > 0
   local hargs, zargs = {}, {}
+  -- tracked jobs: the campaign flag on this queue, looked up once per campaign per call
+  local flags, leased, lease_order, skipped = {}, {}, {}, {}
   for p = 9, 0, -1 do
     if want <= 0 then break end
     local items = redis.call('LPOP', ready_key(p), want)
@@ -153,7 +176,23 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
       want = want - #items
       for _, e in ipairs(items) do
         local ep, a, mx, id, hl = parse(e)
-        if ep then
+        if ep and tracked(id) then
+          local v = redis.call('HGET', jobmeta, id)
+          local cid = v and string.match(v, '^([^\n]*)\n') or ''
+          if cid ~= '' and flags[cid] == nil then
+            flags[cid] = redis.call('HGET', campaigns, cid .. ':f') or ''
+          end
+          if cid ~= '' and flags[cid] == 'cancelled' then
+            skipped[#skipped + 1] = id
+            ep = false
+          elseif cid ~= '' then
+            if not leased[cid] then lease_order[#lease_order + 1] = cid; leased[cid] = 0 end
+            leased[cid] = leased[cid] + 1
+          end
+        end
+        if ep == false then
+          -- cancelled: dropped here (counted below), never reserved
+        elseif ep then
           local r = with_attempt(e, ep, a + 1, mx, id, hl)
           hargs[#hargs + 1] = id
           hargs[#hargs + 1] = r
@@ -178,6 +217,12 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   if #hargs > 0 then
     redis.call('HSET', inflight, unpack(hargs))
     redis.call('ZADD', reserved, unpack(zargs))
+  end
+  for _, cid in ipairs(lease_order) do
+    redis.call('HINCRBY', campaigns, cid .. ':r', leased[cid])
+  end
+  if #skipped > 0 then
+    settle_tracked(campaigns, jobmeta, dedup, dedup_exp, skipped, 'c', false, now, due)
   end
   if want <= 0 then
     -- a full batch: more may be waiting, let the next idle worker look

@@ -210,6 +210,9 @@ class State:
         self.pool: ThreadPoolExecutor | None = None
         self.m: Recorder | None = None
         self.started_at = time.time()
+        self.due_campaigns: set[str] = set()
+        """Campaigns whose last pending job on a queue settled in this process's pop,
+        ack or nack: ``campaigns.FollowUp`` tries to complete them."""
 
     async def open(self) -> None:
         """Create what lives on the loop: events and the Redis clients."""

@@ -11,7 +11,7 @@ from batchq import codec
 from batchq.keys import QueueKeys
 from batchq.scripts import SyncScripts, calls
 
-HEAD = 9
+HEAD = 10
 """pop.lua's reply: nine fields, then the jobs."""
 
 

@@ -1,0 +1,38 @@
+-- campaign_queue.lua: one campaign's flag and counters on one queue.
+--
+-- KEYS[1]  the queue's campaigns hash ("<id>:f" flag, "<id>:g" generation, counters
+--          "<id>:t" total, ":p" pending, ":s" succeeded, ":d" dead, ":c" cancelled,
+--          ":r" leased now)
+-- ARGV[1]  campaign id
+-- ARGV[2]  "read"; "open" (a producer joins: opens the flag for generation ARGV[3]
+--          unless it is closed for that generation already); "seal" (open -> sealed);
+--          "cancel" (open or sealed -> cancelled); "done" (the campaign completed: its
+--          counters here go, the flag stays "done" so a late producer is refused)
+-- ARGV[3]  the campaign's generation (created_ms) for "open"
+-- Returns  {flag or "", t, p, s, d, c, r} after the change.
+local campaigns = KEYS[1]
+
+local cid, mode = ARGV[1], ARGV[2]
+local fk, gk = cid .. ':f', cid .. ':g'
+local names = {'t', 'p', 's', 'd', 'c', 'r'}
+local f = redis.call('HGET', campaigns, fk)
+if mode == 'open' then
+  if redis.call('HGET', campaigns, gk) ~= ARGV[3] then
+    -- first join of this generation (a campaign id used again after its record
+    -- expired starts from zero)
+    for _, n in ipairs(names) do redis.call('HDEL', campaigns, cid .. ':' .. n) end
+    redis.call('HSET', campaigns, fk, 'open', gk, ARGV[3])
+  end
+elseif mode == 'seal' then
+  if f == 'open' or not f then redis.call('HSET', campaigns, fk, 'sealed') end
+elseif mode == 'cancel' then
+  if f ~= 'done' then redis.call('HSET', campaigns, fk, 'cancelled') end
+elseif mode == 'done' then
+  redis.call('HSET', campaigns, fk, 'done')
+  for _, n in ipairs(names) do redis.call('HDEL', campaigns, cid .. ':' .. n) end
+end
+local out = {redis.call('HGET', campaigns, fk) or ''}
+for _, n in ipairs(names) do
+  out[#out + 1] = tonumber(redis.call('HGET', campaigns, cid .. ':' .. n) or '0')
+end
+return out
