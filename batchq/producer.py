@@ -46,6 +46,7 @@ __all__ = [
     "MAX_DELAY_S",
     "Call",
     "EnqueueOptions",
+    "KeyFn",
     "aenqueue",
     "aenqueue_many",
     "call",

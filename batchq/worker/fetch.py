@@ -144,6 +144,7 @@ class Fetcher:
                 marks, due_campaigns = res[:_HEAD]
             if due_campaigns:
                 st.due_campaigns.update(x.decode() for x in due_campaigns)
+                st.due_event.set()
             c.promoted += promoted
             c.reaped += reaped
             if expired or malformed or reaped or crashed:

@@ -28,6 +28,7 @@ import redis
 
 from ..exitcodes import EXIT_ERROR, EXIT_RECYCLED
 from ..keys import QueueKeys, queues_key
+from .campaigns import FollowUp
 from .fetch import Fetcher
 from .leases import Leases
 from .outcomes import Outcomes
@@ -55,6 +56,7 @@ class Worker:
         self.fetcher = Fetcher(st, self.outcomes)
         self.runners = Runners(st, self.outcomes, self.leases)
         self.registry = Registry(st)
+        self.followup = FollowUp(st)
 
     @property
     def queues(self) -> tuple[QueueKeys, ...]:
@@ -125,6 +127,7 @@ class Worker:
             asyncio.create_task(self.outcomes.flush_loop(), name="batchq-flush"),
             asyncio.create_task(self.registry.heartbeat_loop(), name="batchq-heartbeat"),
             asyncio.create_task(self._metrics_loop(), name="batchq-metrics"),
+            asyncio.create_task(self.followup.loop(), name="batchq-campaigns"),
         )
         self.runners.start()
         try:
@@ -142,6 +145,7 @@ class Worker:
             if stuck:
                 log.warning("%d background tasks did not stop; leaving them", len(stuck))
             await self.outcomes.flush_with_retry(final=True)
+            await self.followup.complete_due()  # the last flush may have finished one
             self._publish_metrics()
             await self._close()
         return EXIT_RECYCLED if st.recycled else st.exit_code
