@@ -38,6 +38,10 @@ class FollowUp:
             cid = st.due_campaigns.pop()
             try:
                 await asyncio.to_thread(campaign.try_complete, st.app.clients, cid)
+            except asyncio.CancelledError:
+                # a stop cancelled the loop mid-try: the final complete_due tries again
+                st.due_campaigns.add(cid)
+                raise
             except Exception as exc:  # the safety net retries it
                 log.warning("completing campaign %s failed: %s", cid, exc)
 
