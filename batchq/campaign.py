@@ -230,6 +230,21 @@ def list_stats(c: Clients, limit: int = 100) -> Iterator[CampaignStats]:
             c.redis.zrem(campaigns_key(c.namespace), cid)
 
 
+def recent(c: Clients, max_age_s: float = 3600.0, limit: int = 50,
+           scan: int = 200) -> list[CampaignStats]:
+    """Campaigns still running or finished less than ``max_age_s`` ago, at most
+    ``limit`` (newest first, among the newest ``scan`` created): the metrics' bounded
+    set of label values."""
+    now = time.time()
+    out = []
+    for st in list_stats(c, scan):
+        if st.finished_at is None or now - st.finished_at < max_age_s:
+            out.append(st)
+            if len(out) == limit:
+                break
+    return out
+
+
 class Campaign:
     """A campaign: ``app.campaign(id, on_complete=task)``. Jobs join it with
     ``task.options(campaign=c)``; ``seal()`` says no more will come (``with`` seals on

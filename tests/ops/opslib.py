@@ -44,6 +44,8 @@ GAUGES = frozenset({
     "batchq_queue_oldest_job_age_seconds",
     "batchq_queue_delayed_lag_seconds",
     "batchq_queue_paused",
+    "batchq_campaign_jobs",
+    "batchq_campaign_done",
 })
 EXPORTED = COUNTERS | HISTOGRAMS | GAUGES
 
