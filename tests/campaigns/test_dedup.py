@@ -77,7 +77,7 @@ def test_bad_keys_are_refused(app):
         send.enqueue_many([1], key_fn=lambda row: 7)
     with pytest.raises(ValueError, match="key_fn"):
         send.options(key="one").enqueue_many([1, 2])
-    with pytest.raises(ValueError, match="1..512"):
+    with pytest.raises(ValueError, match=r"1\.\.512"):
         send.options(key="")
     assert app.queue("a").stats().ready == 0
 
