@@ -95,8 +95,7 @@ def _latency(ctx: Context, campaigns: int, per: int, concurrency: int) -> list[f
     with fleet:
         fleet.start()
         time.sleep(1.5)  # up and serving
-        for _ in range(campaigns):
-            record.reset(ctx.client, ctx.key)
+        for i in range(campaigns):
             c = ctx.app.campaign(on_complete=ctx.app.tasks["campaign_mark"])
             ctx.app.tasks["noop"].options(campaign=c).enqueue_many(_items(per, None))
             c.seal()
@@ -107,6 +106,12 @@ def _latency(ctx: Context, campaigns: int, per: int, concurrency: int) -> list[f
                                        f"{fleet.log_tail()}")
                 time.sleep(0.005)
             started = float(ctx.client.hget(key, c.id) or 0)
+            # the handlers publish their totals now and then: wait for this campaign's;
+            # the latest handler exit is then this campaign's last job
+            while record.read_totals(ctx.client, ctx.key)[0] < (i + 1) * per:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the handlers' timings did not arrive")
+                time.sleep(0.01)
             _, _, last, _ = record.read_totals(ctx.client, ctx.key)
             out.append(started - last)
     return out
