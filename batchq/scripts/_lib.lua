@@ -109,7 +109,8 @@ end
 -- "<campaign>\n<key ttl ms>\n<dedup key>" until settled. Plain jobs pay one string
 -- compare here and no Redis call.
 local function tracked(id)
-  return string.sub(id, -2) == '_m'
+  local a, b = string.byte(id, -2, -1)
+  return a == 95 and b == 109  -- "_m", without making a string
 end
 
 -- {id, campaign, key ttl ms, key} of the ids that still have a jobmeta entry.

@@ -2,7 +2,8 @@
 --
 -- KEYS[1]  the queue's campaigns hash ("<id>:f" flag, "<id>:g" generation, counters
 --          "<id>:t" total, ":p" pending, ":s" succeeded, ":d" dead, ":c" cancelled,
---          ":r" leased now)
+--          ":r" leased now; "~cancelled": how many campaigns are cancelled here and not
+--          done, so pop.lua looks up flags only while that is above 0)
 -- ARGV[1]  campaign id
 -- ARGV[2]  "read"; "open" (a producer joins: opens the flag for generation ARGV[3]
 --          unless it is closed for that generation already); "seal" (open -> sealed);
@@ -20,14 +21,19 @@ if mode == 'open' then
   if redis.call('HGET', campaigns, gk) ~= ARGV[3] then
     -- first join of this generation (a campaign id used again after its record
     -- expired starts from zero)
+    if f == 'cancelled' then redis.call('HINCRBY', campaigns, '~cancelled', -1) end
     for _, n in ipairs(names) do redis.call('HDEL', campaigns, cid .. ':' .. n) end
     redis.call('HSET', campaigns, fk, 'open', gk, ARGV[3])
   end
 elseif mode == 'seal' then
   if f == 'open' or not f then redis.call('HSET', campaigns, fk, 'sealed') end
 elseif mode == 'cancel' then
-  if f ~= 'done' then redis.call('HSET', campaigns, fk, 'cancelled') end
+  if f ~= 'done' and f ~= 'cancelled' then
+    redis.call('HSET', campaigns, fk, 'cancelled')
+    redis.call('HINCRBY', campaigns, '~cancelled', 1)
+  end
 elseif mode == 'done' then
+  if f == 'cancelled' then redis.call('HINCRBY', campaigns, '~cancelled', -1) end
   redis.call('HSET', campaigns, fk, 'done')
   for _, n in ipairs(names) do redis.call('HDEL', campaigns, cid .. ':' .. n) end
 end

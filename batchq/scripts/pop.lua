@@ -167,8 +167,10 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   local deadline = now + lease
   local any_recovered = redis.call('HLEN', recovered) > 0
   local hargs, zargs = {}, {}
-  -- tracked jobs: the campaign flag on this queue, looked up once per campaign per call
-  local flags, leased, lease_order, skipped = {}, {}, {}, {}
+  -- tracked jobs: counted as leased with one HMGET per call; only while a campaign is
+  -- cancelled on this queue ("~cancelled" > 0) is each one's flag looked up, to drop it
+  local any_cancelled = tonumber(redis.call('HGET', campaigns, '~cancelled') or '0') > 0
+  local flags, leased, skipped = {}, {}, {}
   for p = 9, 0, -1 do
     if want <= 0 then break end
     local items = redis.call('LPOP', ready_key(p), want)
@@ -177,17 +179,19 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
       for _, e in ipairs(items) do
         local ep, a, mx, id, hl = parse(e)
         if ep and tracked(id) then
-          local v = redis.call('HGET', jobmeta, id)
-          local cid = v and string.match(v, '^([^\n]*)\n') or ''
-          if cid ~= '' and flags[cid] == nil then
-            flags[cid] = redis.call('HGET', campaigns, cid .. ':f') or ''
+          local cid = ''
+          if any_cancelled then
+            local v = redis.call('HGET', jobmeta, id)
+            cid = v and string.match(v, '^([^\n]*)\n') or ''
+            if cid ~= '' and flags[cid] == nil then
+              flags[cid] = redis.call('HGET', campaigns, cid .. ':f') or ''
+            end
           end
           if cid ~= '' and flags[cid] == 'cancelled' then
             skipped[#skipped + 1] = id
             ep = false
-          elseif cid ~= '' then
-            if not leased[cid] then lease_order[#lease_order + 1] = cid; leased[cid] = 0 end
-            leased[cid] = leased[cid] + 1
+          else
+            leased[#leased + 1] = id
           end
         end
         if ep == false then
@@ -218,9 +222,7 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
     redis.call('HSET', inflight, unpack(hargs))
     redis.call('ZADD', reserved, unpack(zargs))
   end
-  for _, cid in ipairs(lease_order) do
-    redis.call('HINCRBY', campaigns, cid .. ':r', leased[cid])
-  end
+  if #leased > 0 then lease_tracked(campaigns, jobmeta, leased, 1) end
   if #skipped > 0 then
     settle_tracked(campaigns, jobmeta, dedup, dedup_exp, skipped, 'c', false, now, due)
   end
