@@ -93,15 +93,15 @@ def _queues(c: Clients, ck: CampaignKeys) -> list[str]:
     return sorted(_text(q) for q in c.redis.smembers(ck.queues))
 
 
-def _counts(c: Clients, cid: str, queues: list[str]) -> tuple[int, int, int, int, int, int]:
-    """(total, pending, succeeded, dead, cancelled, leased) summed over ``queues``."""
-    sums = [0] * 6
+def _counts(c: Clients, cid: str, queues: list[str]) -> tuple[int, int, int, int, int]:
+    """(total, pending, succeeded, dead, cancelled) summed over ``queues``."""
+    sums = [0] * 5
     for q in queues:
         reply = c.sync_scripts.call(calls.campaign_queue(c.keys(q), cid, "read"))
-        for i in range(6):
+        for i in range(5):
             sums[i] += int(reply[i + 1])
-    t, p, s, d, x, r = sums
-    return t, p, s, d, x, r
+    t, p, s, d, x = sums
+    return t, p, s, d, x
 
 
 def _state(rec: dict[str, str]) -> str:
@@ -124,7 +124,7 @@ def stats(c: Clients, cid: str) -> CampaignStats:
         t, s, d, x = (int(rec.get(f, 0)) for f in ("total", "succeeded", "dead", "cancelled"))
         p = 0
     else:
-        t, p, s, d, x, _ = _counts(c, cid, queues)
+        t, p, s, d, x = _counts(c, cid, queues)
     return CampaignStats(cid, t, p, s, d, x, finished, int(rec["created_ms"]) / 1000,
                          int(rec["finished_ms"]) / 1000 if finished else None, _state(rec),
                          tuple(queues))
@@ -184,7 +184,7 @@ def try_complete(c: Clients, cid: str) -> bool:
         close(c, cid, "cancel" if "cancelled" in rec else "seal")  # an interrupted seal
     queues = _queues(c, ck)
     if "finished_ms" not in rec:
-        t, p, s, d, x, _ = _counts(c, cid, queues)
+        t, p, s, d, x = _counts(c, cid, queues)
         if p > 0:
             return False
         if int(c.sync_scripts.call(calls.campaign_finish(ck, t, s, d, x))) < 0:

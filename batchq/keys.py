@@ -24,7 +24,8 @@ Layout of one queue ``Q`` in namespace ``NS`` (``T`` = ``NS:{NS:Q}``)::
     T:campaigns              hash  per campaign C with jobs on this queue: "C:f" its flag
                                    here (open, sealed, cancelled, done) and its counters
                                    "C:t" total, "C:p" pending, "C:s" succeeded, "C:d" dead,
-                                   "C:c" cancelled, "C:r" leased now (campaign.py)
+                                   "C:c" cancelled; "~cancelled" campaigns cancelled here
+                                   (campaign.py)
     T:jobmeta                hash  id -> "<campaign>\n<key ttl ms>\n<dedup key>" of a
                                    tracked job (id ends in "_m") until it is settled; its
                                    presence is the job's campaign membership (counted once)

@@ -127,29 +127,13 @@ local function meta_of(jobmeta, ids)
   return out
 end
 
--- Tracked jobs given a lease (delta 1) or taken back unsettled (-1): the campaigns'
--- "leased now" counts ("<campaign>:r"), so a cancel knows how many had not started.
-local function lease_tracked(campaigns, jobmeta, ids, delta)
-  local per, order = {}, {}
-  for _, m in ipairs(meta_of(jobmeta, ids)) do
-    if m[2] ~= '' then
-      if not per[m[2]] then order[#order + 1] = m[2]; per[m[2]] = 0 end
-      per[m[2]] = per[m[2]] + delta
-    end
-  end
-  for _, cid in ipairs(order) do
-    redis.call('HINCRBY', campaigns, cid .. ':r', per[cid])
-  end
-end
-
 -- Settle tracked jobs for good: outcome 's' (succeeded), 'd' (dead) or 'c' (cancelled).
 -- Counted by membership: only jobs whose jobmeta entry is still there count, and the
 -- entry goes, so a redelivered or double-acked job counts once. A dedup key that still
--- names its job starts to lapse (now + its ttl). `leased`: the jobs held a lease.
+-- names its job starts to lapse (now + its ttl).
 -- Campaigns whose pending count on this queue reaches 0 while closed here (sealed or
 -- cancelled) are appended to `due`: the caller's process then tries to complete them.
-local function settle_tracked(campaigns, jobmeta, dedup, dedup_exp, ids, outcome, leased,
-                              now, due)
+local function settle_tracked(campaigns, jobmeta, dedup, dedup_exp, ids, outcome, now, due)
   local metas = meta_of(jobmeta, ids)
   if #metas == 0 then return end
   local gone, per, order, keys, kids, kttl = {}, {}, {}, {}, {}, {}
@@ -168,7 +152,6 @@ local function settle_tracked(campaigns, jobmeta, dedup, dedup_exp, ids, outcome
   for _, cid in ipairs(order) do
     local n = per[cid]
     redis.call('HINCRBY', campaigns, cid .. ':' .. outcome, n)
-    if leased then redis.call('HINCRBY', campaigns, cid .. ':r', -n) end
     if redis.call('HINCRBY', campaigns, cid .. ':p', -n) <= 0 then
       local f = redis.call('HGET', campaigns, cid .. ':f')
       if f == 'sealed' or f == 'cancelled' then due[#due + 1] = cid end

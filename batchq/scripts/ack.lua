@@ -39,7 +39,7 @@ if #live > 0 then
   forget_marks(recovered, started, ids)
   if #marked > 0 then
     local due = {}
-    settle_tracked(campaigns, jobmeta, dedup, dedup_exp, marked, 's', true, now_ms(), due)
+    settle_tracked(campaigns, jobmeta, dedup, dedup_exp, marked, 's', now_ms(), due)
     if #due > 0 then
       stale[#stale + 1] = 0
       for _, cid in ipairs(due) do stale[#stale + 1] = cid end

@@ -29,10 +29,9 @@ KEY_ORDER: dict[str, tuple[str, ...]] = {
     "ack": ("reserved", "inflight", "stats", "recovered", "started", *_TRACKED),
     "nack": ("reserved", "inflight", "delayed", "dead", "dead_jobs", "wake", "stats",
              "recovered", "started", *_TRACKED),
-    "release": ("reserved", "inflight", "wake", *_READY_ALL, "started", "campaigns",
-                "jobmeta"),
+    "release": ("reserved", "inflight", "wake", *_READY_ALL, "started"),
     "enqueue_tracked": ("ready", "delayed", "wake", "inflight", "stats", *_TRACKED),
-    "campaign_queue": ("campaigns",),
+    "campaign_queue": ("campaigns", "reserved", "jobmeta"),
     "campaign_open": ("record",),
     "campaign_join": ("record", "queues"),
     "campaign_close": ("record", "queues"),
@@ -98,9 +97,12 @@ def enqueue_tracked(k: QueueKeys, priority: int, mode: str, when_ms: int, campai
                 ["1" if check else "0", mode, when_ms, campaign, key_ttl_ms, trim, *pairs])
 
 
-def campaign_queue(k: QueueKeys, campaign: str, mode: str, generation: str = "") -> Call:
-    """Read or change one campaign's flag on one queue (``campaign_queue.lua``)."""
-    return Call("campaign_queue", _keys("campaign_queue", k), [campaign, mode, generation])
+def campaign_queue(k: QueueKeys, campaign: str, mode: str, generation: str = "",
+                   scan: int = 100_000) -> Call:
+    """Read or change one campaign's flag on one queue (``campaign_queue.lua``);
+    ``scan``: leases looked at, at most, to count the campaign's running jobs."""
+    return Call("campaign_queue", _keys("campaign_queue", k),
+                [campaign, mode, generation, scan])
 
 
 def campaign_open(k: CampaignKeys, on_complete: str, queue: str, priority: int,

@@ -7,8 +7,8 @@
 -- KEYS[7]  stats hash: "dead" and "retried" count what was written
 -- KEYS[8]  recovered hash, KEYS[9] started hash: the crash marks (pop.lua), forgotten
 -- KEYS[10] campaigns hash, KEYS[11] jobmeta hash, KEYS[12] dedup hash, KEYS[13]
---          dedup:exp zset: tracked jobs (ids ending "_m") that die are settled as dead,
---          retried ones give their lease back (_lib.lua)
+--          dedup:exp zset: tracked jobs (ids ending "_m") that die are settled as dead
+--          (_lib.lua)
 -- ARGV[1]  R, the number of retries that follow
 -- ARGV[2..2R+1]        pairs: lease "<id>:<attempt>", retry delay in ms
 -- ARGV[2R+2..]         pairs: lease, dead record (msgpack, built by the worker)
@@ -32,7 +32,7 @@ local now = now_ms()
 local r = tonumber(ARGV[1])
 local stale, done = {}, {}
 local retried, buried = 0, 0
-local back, died = {}, {}  -- tracked jobs retried / dead
+local died = {}  -- tracked jobs that die
 local i = 2
 while i < #ARGV do
   local m, v = ARGV[i], ARGV[i + 1]
@@ -46,7 +46,6 @@ while i < #ARGV do
     if i <= 2 * r then
       redis.call('ZADD', delayed, now + tonumber(v), e)
       retried = retried + 1
-      if tracked(id) then back[#back + 1] = id end
     else
       redis.call('HSET', dead_jobs, id, v)
       redis.call('ZADD', dead, now, id)
@@ -66,10 +65,9 @@ if retried + buried > 0 then
 end
 forget_marks(recovered, started, done)
 if retried > 0 then leave_wake_token(wake) end
-if #back > 0 then lease_tracked(campaigns, jobmeta, back, -1) end
 if #died > 0 then
   local due = {}
-  settle_tracked(campaigns, jobmeta, dedup, dedup_exp, died, 'd', true, now, due)
+  settle_tracked(campaigns, jobmeta, dedup, dedup_exp, died, 'd', now, due)
   if #due > 0 then
     stale[#stale + 1] = 0
     for _, cid in ipairs(due) do stale[#stale + 1] = cid end

@@ -15,9 +15,9 @@
 --          worker whose lease expired
 -- KEYS[20] started hash: id -> lease whose handler started in isolation (start.lua)
 -- KEYS[21] campaigns hash, KEYS[22] jobmeta hash, KEYS[23] dedup hash, KEYS[24]
---          dedup:exp zset: tracked jobs (ids ending "_m", _lib.lua) are counted as
---          leased when popped and settled when reaped dead; a popped job of a campaign
---          cancelled on this queue is not reserved: it is dropped and counted cancelled
+--          dedup:exp zset: tracked jobs (ids ending "_m", _lib.lua) reaped dead are
+--          settled; a popped job of a campaign cancelled on this queue is not reserved:
+--          it is dropped and counted cancelled
 -- ARGV[1]  how many jobs to pop (0 = maintenance only)
 -- ARGV[2]  lease in ms
 -- ARGV[3]  chunk: at most this many delayed and expired jobs are moved per call
@@ -83,13 +83,12 @@ end
 local reaped, buried, crashed = 0, 0, 0
 local expired = redis.call('ZRANGEBYSCORE', reserved, '-inf', now, 'LIMIT', 0, chunk)
 local gone = {}
-local t_back, t_dead = {}, {}  -- tracked jobs reaped back to ready / dead
+local t_dead = {}  -- tracked jobs reaped dead
 for x = #expired, 1, -1 do
   local m = expired[x]
   local id = member_id(m)
   local e = id and redis.call('HGET', inflight, id)
   local ok = true
-  local reaped_now = false
   if e then
     local p, a, mx, _, hl = parse(e)
     local rec = redis.call('HGET', recovered, id)
@@ -106,6 +105,7 @@ for x = #expired, 1, -1 do
       if ok then
         redis.call('ZADD', dead, now, id)
         buried = buried + 1
+        if tracked(id) then t_dead[#t_dead + 1] = id end
       end
     elseif charged and a >= mx then
       ok = try_hset(dead_jobs, id, dead_record(id, 'crashed_worker',
@@ -115,6 +115,7 @@ for x = #expired, 1, -1 do
         redis.call('ZADD', dead, now, id)
         redis.call('HDEL', recovered, id)
         crashed = crashed + 1
+        if tracked(id) then t_dead[#t_dead + 1] = id end
       end
     else
       if charged then
@@ -129,14 +130,9 @@ for x = #expired, 1, -1 do
       if ok then
         redis.call('HSET', recovered, id, (n + 1) .. ':' .. c)
         reaped = reaped + 1
-        reaped_now = true
       end
     end
     if ok then
-      if tracked(id) then
-        local list = (reaped_now and t_back) or t_dead
-        list[#list + 1] = id
-      end
       redis.call('HDEL', started, id)
       redis.call('HDEL', inflight, id)
     end
@@ -151,9 +147,8 @@ if buried + crashed > 0 then
   redis.call('HINCRBY', stats, 'dead', buried + crashed)
 end
 local due = {}
-if #t_back > 0 then lease_tracked(campaigns, jobmeta, t_back, -1) end
 if #t_dead > 0 then
-  settle_tracked(campaigns, jobmeta, dedup, dedup_exp, t_dead, 'd', true, now, due)
+  settle_tracked(campaigns, jobmeta, dedup, dedup_exp, t_dead, 'd', now, due)
 end
 if #moved > 0 or reaped > 0 then
   leave_wake_token(wake)
@@ -167,10 +162,10 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   local deadline = now + lease
   local any_recovered = redis.call('HLEN', recovered) > 0
   local hargs, zargs = {}, {}
-  -- tracked jobs: counted as leased with one HMGET per call; only while a campaign is
-  -- cancelled on this queue ("~cancelled" > 0) is each one's flag looked up, to drop it
+  -- tracked jobs: only while a campaign is cancelled on this queue ("~cancelled" > 0)
+  -- is each one's campaign flag looked up, to drop it; otherwise they cost nothing here
   local any_cancelled = tonumber(redis.call('HGET', campaigns, '~cancelled') or '0') > 0
-  local flags, leased, skipped = {}, {}, {}
+  local flags, skipped = {}, {}
   for p = 9, 0, -1 do
     if want <= 0 then break end
     local items = redis.call('LPOP', ready_key(p), want)
@@ -178,20 +173,15 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
       want = want - #items
       for _, e in ipairs(items) do
         local ep, a, mx, id, hl = parse(e)
-        if ep and tracked(id) then
-          local cid = ''
-          if any_cancelled then
-            local v = redis.call('HGET', jobmeta, id)
-            cid = v and string.match(v, '^([^\n]*)\n') or ''
-            if cid ~= '' and flags[cid] == nil then
-              flags[cid] = redis.call('HGET', campaigns, cid .. ':f') or ''
-            end
+        if any_cancelled and ep and tracked(id) then
+          local v = redis.call('HGET', jobmeta, id)
+          local cid = v and string.match(v, '^([^\n]*)\n') or ''
+          if cid ~= '' and flags[cid] == nil then
+            flags[cid] = redis.call('HGET', campaigns, cid .. ':f') or ''
           end
           if cid ~= '' and flags[cid] == 'cancelled' then
             skipped[#skipped + 1] = id
             ep = false
-          else
-            leased[#leased + 1] = id
           end
         end
         if ep == false then
@@ -222,9 +212,8 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
     redis.call('HSET', inflight, unpack(hargs))
     redis.call('ZADD', reserved, unpack(zargs))
   end
-  if #leased > 0 then lease_tracked(campaigns, jobmeta, leased, 1) end
   if #skipped > 0 then
-    settle_tracked(campaigns, jobmeta, dedup, dedup_exp, skipped, 'c', false, now, due)
+    settle_tracked(campaigns, jobmeta, dedup, dedup_exp, skipped, 'c', now, due)
   end
   if want <= 0 then
     -- a full batch: more may be waiting, let the next idle worker look

@@ -5,8 +5,6 @@
 -- KEYS[2]  inflight hash         KEYS[4..13]  ready lists, priority 9 down to 0
 -- KEYS[14] started hash: a given-back job did not crash its worker, its mark goes
 --          (its "recovered" mark stays: it still runs alone next time)
--- KEYS[15] campaigns hash, KEYS[16] jobmeta hash: tracked jobs given back no longer
---          count as leased (_lib.lua)
 -- ARGV     leases "<id>:<attempt>" in the order the jobs were popped
 -- Returns  how many were given back (stale leases are skipped).
 local reserved = KEYS[1]
@@ -14,8 +12,6 @@ local inflight = KEYS[2]
 local wake = KEYS[3]
 local READY9 = 4  -- KEYS[READY9 + 9 - p] is the ready list of priority p
 local started = KEYS[14]
-local campaigns = KEYS[15]
-local jobmeta = KEYS[16]
 
 local function ready_key(p)
   return KEYS[READY9 + 9 - p]
@@ -23,7 +19,6 @@ end
 
 local marks = redis.call('HLEN', started) > 0
 local n = 0
-local back = {}
 for i = #ARGV, 1, -1 do
   local m = ARGV[i]
   local id = member_id(m)
@@ -36,10 +31,8 @@ for i = #ARGV, 1, -1 do
       redis.call('HDEL', inflight, id)
       if marks then redis.call('HDEL', started, id) end
       n = n + 1
-      if tracked(id) then back[#back + 1] = id end
     end
   end
 end
-if #back > 0 then lease_tracked(campaigns, jobmeta, back, -1) end
 if n > 0 then leave_wake_token(wake) end
 return n
