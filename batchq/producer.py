@@ -172,8 +172,7 @@ def _chunks(p: _Plan, items: Iterable[Any], key_fn: KeyFn | None = None
             jid, e = p.entry(args, kwargs, now_ms)
             if p.tracked:
                 key = key_fn(item) if key_fn is not None else None
-                entries += (e, b"" if key is None else
-                            tracked.check_key(key).encode("utf-8", "surrogatepass"))
+                entries += (e, b"" if key is None else tracked.check_key(key).encode())
         except (TypeError, ValueError) as exc:
             raise _at_item(exc, n - 1) from None
         ids.append(jid)

@@ -50,7 +50,12 @@ def check_key(value: object) -> str:
     """A dedup key: a non-empty str of at most 512 UTF-8 bytes, else a clear error."""
     if not isinstance(value, str):
         raise TypeError(f"dedup key must be a str, got {type(value).__name__} {value!r}")
-    n = len(value.encode("utf-8", "surrogatepass"))
+    if value.isascii() and 0 < len(value) <= MAX_KEY_BYTES:  # the common case, no copy
+        return value
+    try:
+        n = len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"dedup key {value[:40]!r} is not valid text: {exc}") from None
     if not 0 < n <= MAX_KEY_BYTES:
         raise ValueError(f"dedup key must be 1..{MAX_KEY_BYTES} bytes, got {n} bytes: "
                          f"{value[:40]!r}{'...' if len(value) > 40 else ''}")

@@ -49,28 +49,57 @@ if #lapsed > 0 then
   redis.call('ZREM', dedup_exp, unpack(lapsed))
 end
 
-local out = {0, 0}
-local entries, metas, keyargs, taken = {}, {}, {}, {}
-local pos = 0
-for i = 7, #ARGV - 1, 2 do
-  pos = pos + 1
-  local e, key = ARGV[i], ARGV[i + 1]
-  local _, _, _, id = parse(e)
-  if not id then return redis.error_reply('ERR malformed entry at position ' .. pos) end
-  local write = not (check and redis.call('HEXISTS', jobmeta, id) == 1)
-  if write and key ~= '' then
-    local holder = redis.call('HGET', dedup, key)
-    if holder then
-      local lapse = redis.call('ZSCORE', dedup_exp, key)
-      if lapse and tonumber(lapse) <= now then
-        taken[#taken + 1] = key  -- lapsed: the key is free again
-      else
-        out[#out + 1] = pos
-        out[#out + 1] = holder
-        write = false
+-- the rows' keys and who holds them now: one HMGET and one ZMSCORE per call, not per row
+local n = math.floor((#ARGV - 6) / 2)
+local keys = {}
+for i = 1, n do
+  local key = ARGV[6 + 2 * i]
+  if key ~= '' then keys[#keys + 1] = key end
+end
+local hold = {}  -- key -> id holding it (in Redis, or written by this call)
+local lapsed_keys = {}  -- keys whose holder finished more than its ttl ago: free again
+if #keys > 0 then
+  local holders = redis.call('HMGET', dedup, unpack(keys))
+  local held = {}
+  for j, key in ipairs(keys) do
+    if holders[j] then held[#held + 1] = key; hold[key] = holders[j] end
+  end
+  if #held > 0 then
+    local lapses = redis.call('ZMSCORE', dedup_exp, unpack(held))
+    for j, key in ipairs(held) do
+      if lapses[j] and tonumber(lapses[j]) <= now then  -- lapsed: free again
+        hold[key] = nil
+        lapsed_keys[#lapsed_keys + 1] = key
       end
     end
-    if write then redis.call('HSET', dedup, key, id) end
+  end
+end
+
+local out = {0, 0}
+local entries, metas, claims = {}, {}, {}
+for pos = 1, n do
+  local e, key = ARGV[5 + 2 * pos], ARGV[6 + 2 * pos]
+  -- the id: the fourth header field (the producer wrote the entry; no pattern needed)
+  local a = string.find(e, ':', 1, true)
+  local b = a and string.find(e, ':', a + 1, true)
+  local c = b and string.find(e, ':', b + 1, true)
+  local d = c and string.find(e, ':', c + 1, true)
+  if not d or d == c + 1 then
+    return redis.error_reply('ERR malformed entry at position ' .. pos)
+  end
+  local id = string.sub(e, c + 1, d - 1)
+  local write = not (check and redis.call('HEXISTS', jobmeta, id) == 1)
+  if write and key ~= '' then
+    local holder = hold[key]
+    if holder then
+      out[#out + 1] = pos
+      out[#out + 1] = holder
+      write = false
+    else
+      hold[key] = id
+      claims[#claims + 1] = key
+      claims[#claims + 1] = id
+    end
   end
   if write then
     entries[#entries + 1] = e
@@ -78,7 +107,6 @@ for i = 7, #ARGV - 1, 2 do
     metas[#metas + 1] = cid .. '\n' .. ttl .. '\n' .. key
   end
 end
-if #taken > 0 then redis.call('ZREM', dedup_exp, unpack(taken)) end
 if #entries == 0 then return out end
 
 if mode == 'ready' then
@@ -94,6 +122,9 @@ else
   redis.call('ZADD', delayed, unpack(z))
 end
 redis.call('HSET', jobmeta, unpack(metas))
+if #claims > 0 then redis.call('HSET', dedup, unpack(claims)) end
+-- a lapsed key taken again is held anew (until its new job settles)
+if #lapsed_keys > 0 then redis.call('ZREM', dedup_exp, unpack(lapsed_keys)) end
 redis.call('HINCRBY', stats, 'enqueued', #entries)
 if cid ~= '' then
   redis.call('HINCRBY', campaigns, cid .. ':t', #entries)
