@@ -134,19 +134,25 @@ end
 -- Campaigns whose pending count on this queue reaches 0 while closed here (sealed or
 -- cancelled) are appended to `due`: the caller's process then tries to complete them.
 local function settle_tracked(campaigns, jobmeta, dedup, dedup_exp, ids, outcome, now, due)
-  local metas = meta_of(jobmeta, ids)
-  if #metas == 0 then return end
+  if #ids == 0 then return end
+  local vals = redis.call('HMGET', jobmeta, unpack(ids))
   local gone, per, order, keys, kids, kttl = {}, {}, {}, {}, {}, {}
-  for _, m in ipairs(metas) do
-    gone[#gone + 1] = m[1]
-    if m[2] ~= '' then
-      if not per[m[2]] then order[#order + 1] = m[2]; per[m[2]] = 0 end
-      per[m[2]] = per[m[2]] + 1
-    end
-    if m[4] ~= '' then
-      keys[#keys + 1] = m[4]
-      kids[#kids + 1] = m[1]
-      kttl[#kttl + 1] = m[3]
+  for i = 1, #ids do
+    local v = vals[i]
+    local nl = v and string.find(v, '\n', 1, true)
+    if nl then
+      gone[#gone + 1] = ids[i]
+      if nl > 1 then
+        local cid = string.sub(v, 1, nl - 1)
+        if not per[cid] then order[#order + 1] = cid; per[cid] = 0 end
+        per[cid] = per[cid] + 1
+      end
+      local nl2 = string.find(v, '\n', nl + 1, true)
+      if nl2 and nl2 < #v then  -- a dedup key follows the second newline
+        keys[#keys + 1] = string.sub(v, nl2 + 1)
+        kids[#kids + 1] = ids[i]
+        kttl[#kttl + 1] = tonumber(string.sub(v, nl + 1, nl2 - 1)) or 0
+      end
     end
   end
   for _, cid in ipairs(order) do
