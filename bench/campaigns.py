@@ -38,14 +38,17 @@ def _drain(ctx: Context, n: int, campaign: bool, processes: int | None,
         c.seal()
     else:
         task.enqueue_many(_items(n, None))
-    fleet = Fleet(batchq_worker_argv(processes, concurrency, burst=True), ctx.fleet_env())
+    fleet = Fleet(batchq_worker_argv(processes, concurrency, burst=True,
+                                     extra=("--log-level", "INFO")), ctx.fleet_env())
     with fleet:
         (jobs, first, last, _), wall = run_burst(fleet, ctx.client, ctx.key, n,
                                                  timeout_s=120 + n / 500)
+        log = fleet.log_tail(40)
     if wall is None:
         ctx.note_hang()
     if campaign and not c.stats().done:
-        raise RuntimeError(f"campaign not complete after the drain: {c.stats()}")
+        raise RuntimeError(f"campaign not complete after the drain (fleet stopped by the "
+                           f"harness: {wall is None}): {c.stats()}\n{log}")
     return jobs / max(last - first, 1e-6)
 
 

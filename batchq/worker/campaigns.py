@@ -26,6 +26,9 @@ SAFETY_NET_S = 15.0
 SAFETY_NET_LIMIT = 10
 """Campaigns looked at per safety-net pass."""
 
+FINISH_S = 5.0
+"""The longest a stopping worker waits for its last look at campaigns."""
+
 
 class FollowUp:
     def __init__(self, state: State) -> None:
@@ -44,6 +47,20 @@ class FollowUp:
                 raise
             except Exception as exc:  # the safety net retries it
                 log.warning("completing campaign %s failed: %s", cid, exc)
+
+    async def finish(self, redis_ok: bool) -> None:
+        """At stop, after the last flush: the campaigns it reported, then (when the last
+        flush reached Redis) one look of the safety net, at most ``FINISH_S``: a reply
+        lost to a broken connection loses its report, and a burst worker stopping now
+        would otherwise leave the campaign to another worker."""
+        if not redis_ok:
+            return
+        await self.complete_due()
+        try:
+            await asyncio.wait_for(asyncio.to_thread(
+                campaign.check_open, self.st.app.clients, SAFETY_NET_LIMIT), FINISH_S)
+        except Exception as exc:
+            log.warning("campaign safety net failed: %s", exc)
 
     async def loop(self) -> None:
         st = self.st

@@ -144,8 +144,8 @@ class Worker:
             _, stuck = await asyncio.wait(helpers, timeout=STOP_GRACE_S)
             if stuck:
                 log.warning("%d background tasks did not stop; leaving them", len(stuck))
-            await self.outcomes.flush_with_retry(final=True)
-            await self.followup.complete_due()  # the last flush may have finished one
+            flushed = await self.outcomes.flush_with_retry(final=True)
+            await self.followup.finish(flushed)  # the last flush may finish a campaign
             self._publish_metrics()
             await self._close()
         return EXIT_RECYCLED if st.recycled else st.exit_code
