@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from .app import App
+from .campaign import Campaign, CampaignStats
 from .codec import Job
 from .errors import (
     BatchqError,
+    CampaignClosed,
+    CampaignNotFound,
     EnqueueError,
     LockLost,
     LockNotAcquired,
@@ -26,6 +29,10 @@ __all__ = [
     "App",
     "BatchqError",
     "Call",
+    "Campaign",
+    "CampaignClosed",
+    "CampaignNotFound",
+    "CampaignStats",
     "CurrentJob",
     "DeadJob",
     "DeadRetention",

@@ -21,6 +21,20 @@ Layout of one queue ``Q`` in namespace ``NS`` (``T`` = ``NS:{NS:Q}``)::
                                    a worker whose lease expired (pop.lua); empty normally
     T:started                hash  id -> lease of a recovered job whose handler started
                                    (start.lua): if that worker dies, this job is charged
+    T:campaigns              hash  per campaign C with jobs on this queue: "C:f" its flag
+                                   here (open, sealed, cancelled, done) and its counters
+                                   "C:t" total, "C:p" pending, "C:s" succeeded, "C:d" dead,
+                                   "C:c" cancelled; "~cancelled" campaigns cancelled here
+                                   (campaign.py)
+    T:jobmeta                hash  id -> "<campaign>\n<key ttl ms>\n<dedup key>" of a
+                                   tracked job (id ends in "_m") until it is settled; its
+                                   presence is the job's campaign membership (counted once)
+    T:dedup                  hash  dedup key -> id of the job that holds it
+    T:dedup:exp              zset  dedup key -> when it lapses (ms): set when its job is
+                                   settled; a pending key has no entry and never lapses
+
+A campaign's own record lives in its own slot (``campaign_keys``), so a campaign may span
+queues on several Cluster nodes; see ``batchq/campaign.py``.
 """
 
 from __future__ import annotations
@@ -67,6 +81,10 @@ class QueueKeys:
     stats: str = field(init=False)
     recovered: str = field(init=False)
     started: str = field(init=False)
+    campaigns: str = field(init=False)
+    jobmeta: str = field(init=False)
+    dedup: str = field(init=False)
+    dedup_exp: str = field(init=False)
     periodic: str = field(init=False)
     """Periodic schedules' last ticks (``periodic_tick.lua``); not in ``all()``, so
     ``Queue.clear`` does not reset them."""
@@ -83,9 +101,10 @@ class QueueKeys:
             self, "ready", tuple(f"{p}:ready:{i}" for i in range(MAX_PRIORITY, -1, -1))
         )
         for name in ("delayed", "reserved", "inflight", "dead", "wake", "paused", "stats",
-                     "recovered", "started", "periodic"):
+                     "recovered", "started", "periodic", "campaigns", "jobmeta", "dedup"):
             object.__setattr__(self, name, f"{p}:{name}")
         object.__setattr__(self, "dead_jobs", f"{p}:dead:jobs")
+        object.__setattr__(self, "dedup_exp", f"{p}:dedup:exp")
 
     def ready_for(self, priority: int) -> str:
         """The ready list of one priority level."""
@@ -105,6 +124,10 @@ class QueueKeys:
             self.stats,
             self.recovered,
             self.started,
+            self.campaigns,
+            self.jobmeta,
+            self.dedup,
+            self.dedup_exp,
         )
 
 
@@ -149,3 +172,31 @@ def load_keys(namespace: str, run_id: str) -> LoadKeys:
                          "'-', '_' or '.'")
     prefix = f"{namespace}:{{{namespace}:load:{run_id}}}"
     return LoadKeys(f"{prefix}:meta", f"{prefix}:sum", f"{prefix}:timeline")
+
+
+def campaigns_key(namespace: str) -> str:
+    """Zset of campaign ids by creation time (ms): ``app.campaigns()`` and the CLI."""
+    return f"{namespace}:campaigns"
+
+
+def campaigns_open_key(namespace: str) -> str:
+    """Zset of sealed campaigns not yet completed, scored by when a worker should look at
+    them again (ms): the safety net of ``campaign.check_open``."""
+    return f"{namespace}:campaigns:open"
+
+
+@dataclass(frozen=True, slots=True)
+class CampaignKeys:
+    """The keys of one campaign, in the campaign's own hash tag (one slot, any node)."""
+
+    record: str
+    """Hash: created_ms, sealed, cancelled, closed, finished_ms, notified, on_complete
+    (task name, queue, priority, max attempts), and the final counts once finished."""
+    queues: str
+    """Set of the queue names the campaign's jobs were written to."""
+
+
+def campaign_keys(namespace: str, campaign_id: str) -> CampaignKeys:
+    """Key names of campaign ``campaign_id`` (validated by ``campaign.check_id``)."""
+    prefix = f"{namespace}:{{{namespace}:campaign:{campaign_id}}}"
+    return CampaignKeys(prefix, f"{prefix}:queues")

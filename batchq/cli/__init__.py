@@ -37,7 +37,7 @@ URL_FLAG = "--redis-url"
 
 def _parser() -> argparse.ArgumentParser:
     from .. import __version__
-    from . import bench, control, dead, enqueue, info, web, worker
+    from . import bench, campaign, control, dead, enqueue, info, web, worker
 
     p = argparse.ArgumentParser(prog="batchq", description="batchq: a Redis job queue")
     p.add_argument("--version", action="version", version=f"batchq {__version__}")
@@ -45,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_commands(sub)
     info.add_commands(sub)
     dead.add_commands(sub)
+    campaign.add_commands(sub)
     enqueue.add_commands(sub)
     control.add_commands(sub)
     bench.add_commands(sub)

@@ -16,19 +16,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..keys import MAX_PRIORITY, LoadKeys, LockKeys, QueueKeys
+from ..keys import MAX_PRIORITY, CampaignKeys, LoadKeys, LockKeys, QueueKeys
 
 _READY_ALL = tuple(f"ready{p}" for p in range(MAX_PRIORITY, -1, -1))
+_TRACKED = ("campaigns", "jobmeta", "dedup", "dedup_exp")
 
 KEY_ORDER: dict[str, tuple[str, ...]] = {
     "enqueue": ("ready", "wake", "inflight", "stats"),
     "schedule": ("delayed", "wake", "inflight", "ready", "stats"),
     "pop": ("delayed", "reserved", "inflight", "dead", "dead_jobs", "wake", "paused",
-            *_READY_ALL, "stats", "recovered", "started"),
-    "ack": ("reserved", "inflight", "stats", "recovered", "started"),
+            *_READY_ALL, "stats", "recovered", "started", *_TRACKED),
+    "ack": ("reserved", "inflight", "stats", "recovered", "started", *_TRACKED),
     "nack": ("reserved", "inflight", "delayed", "dead", "dead_jobs", "wake", "stats",
-             "recovered", "started"),
+             "recovered", "started", *_TRACKED),
     "release": ("reserved", "inflight", "wake", *_READY_ALL, "started"),
+    "enqueue_tracked": ("ready", "delayed", "wake", "inflight", "stats", *_TRACKED),
+    "campaign_queue": ("campaigns", "reserved", "jobmeta"),
+    "campaign_open": ("record",),
+    "campaign_join": ("record", "queues"),
+    "campaign_close": ("record", "queues"),
+    "campaign_finish": ("record", "queues"),
     "extend": ("reserved",),
     "start": ("reserved", "started"),
     "redrive": ("dead", "dead_jobs", "wake", *_READY_ALL, "stats"),
@@ -52,7 +59,7 @@ class Call:
     args: list[Any]
 
 
-def _keys(script: str, k: QueueKeys | LockKeys | LoadKeys,
+def _keys(script: str, k: QueueKeys | LockKeys | LoadKeys | CampaignKeys,
           priority: int | None = None) -> list[str]:
     out = []
     for name in KEY_ORDER[script]:
@@ -80,6 +87,45 @@ def schedule(k: QueueKeys, priority: int, mode: str, when_ms: int,
     server's now) or ``"abs"`` (Unix ms)."""
     return Call("schedule", _keys("schedule", k, priority),
                 ["1" if check else "0", mode, when_ms, *entries])
+
+
+def enqueue_tracked(k: QueueKeys, priority: int, mode: str, when_ms: int, campaign: str,
+                    key_ttl_ms: int, trim: int, pairs: Sequence[bytes | str], *,
+                    check: bool) -> Call:
+    """Write tracked jobs: ``pairs`` is (entry, dedup key or "") flattened; ``mode``
+    ``"ready"``, ``"rel"`` or ``"abs"`` (then ``when_ms`` is the delay or due time);
+    ``campaign`` "" for none; ``trim``: lapsed dedup keys dropped at most."""
+    return Call("enqueue_tracked", _keys("enqueue_tracked", k, priority),
+                ["1" if check else "0", mode, when_ms, campaign, key_ttl_ms, trim, *pairs])
+
+
+def campaign_queue(k: QueueKeys, campaign: str, mode: str, generation: str = "",
+                   scan: int = 100_000) -> Call:
+    """Read or change one campaign's flag on one queue (``campaign_queue.lua``);
+    ``scan``: leases looked at, at most, to count the campaign's running jobs."""
+    return Call("campaign_queue", _keys("campaign_queue", k),
+                [campaign, mode, generation, scan])
+
+
+def campaign_open(k: CampaignKeys, on_complete: str, queue: str, priority: int,
+                  max_attempts: int, ttl_ms: int) -> Call:
+    return Call("campaign_open", _keys("campaign_open", k),
+                [on_complete, queue, priority, max_attempts, ttl_ms])
+
+
+def campaign_join(k: CampaignKeys, queue: str) -> Call:
+    return Call("campaign_join", _keys("campaign_join", k), [queue])
+
+
+def campaign_close(k: CampaignKeys, mode: str) -> Call:
+    """``mode`` ``"seal"`` or ``"cancel"``."""
+    return Call("campaign_close", _keys("campaign_close", k), [mode])
+
+
+def campaign_finish(k: CampaignKeys, total: int, succeeded: int, dead: int,
+                    cancelled: int) -> Call:
+    return Call("campaign_finish", _keys("campaign_finish", k),
+                [total, succeeded, dead, cancelled])
 
 
 def pop(k: QueueKeys, want: int, lease_ms: int, chunk: int) -> Call:

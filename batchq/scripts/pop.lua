@@ -14,6 +14,10 @@
 -- KEYS[19] recovered hash: id -> "<recoveries>:<crashes>" of jobs taken back from a
 --          worker whose lease expired
 -- KEYS[20] started hash: id -> lease whose handler started in isolation (start.lua)
+-- KEYS[21] campaigns hash, KEYS[22] jobmeta hash, KEYS[23] dedup hash, KEYS[24]
+--          dedup:exp zset: tracked jobs (ids ending "_m", _lib.lua) reaped dead are
+--          settled; a popped job of a campaign cancelled on this queue is not reserved:
+--          it is dropped and counted cancelled
 -- ARGV[1]  how many jobs to pop (0 = maintenance only)
 -- ARGV[2]  lease in ms
 -- ARGV[3]  chunk: at most this many delayed and expired jobs are moved per call
@@ -31,7 +35,8 @@
 -- Returns {now_ms, next_due_ms or -1, next_deadline_ms or -1, promoted, reaped,
 --          expired (dead-lettered: lease_expired), malformed (dead-lettered:
 --          decode_error), crashed (dead-lettered: crashed_worker), {positions (1-based,
---          among the jobs) of jobs to run alone}, job, job, ...}; each job is the entry
+--          among the jobs) of jobs to run alone}, {ids of campaigns that became due:
+--          the worker tries to complete them}, job, job, ...}; each job is the entry
 --          with its attempt counted.
 local delayed = KEYS[1]
 local reserved = KEYS[2]
@@ -44,6 +49,10 @@ local READY9 = 8  -- KEYS[READY9 + 9 - p] is the ready list of priority p
 local stats = KEYS[18]
 local recovered = KEYS[19]
 local started = KEYS[20]
+local campaigns = KEYS[21]
+local jobmeta = KEYS[22]
+local dedup = KEYS[23]
+local dedup_exp = KEYS[24]
 
 local ISOLATE_AFTER = 2  -- recoveries after which a job runs alone, its start recorded
 
@@ -74,6 +83,7 @@ end
 local reaped, buried, crashed = 0, 0, 0
 local expired = redis.call('ZRANGEBYSCORE', reserved, '-inf', now, 'LIMIT', 0, chunk)
 local gone = {}
+local t_dead = {}  -- tracked jobs reaped dead
 for x = #expired, 1, -1 do
   local m = expired[x]
   local id = member_id(m)
@@ -95,6 +105,7 @@ for x = #expired, 1, -1 do
       if ok then
         redis.call('ZADD', dead, now, id)
         buried = buried + 1
+        if tracked(id) then t_dead[#t_dead + 1] = id end
       end
     elseif charged and a >= mx then
       ok = try_hset(dead_jobs, id, dead_record(id, 'crashed_worker',
@@ -104,6 +115,7 @@ for x = #expired, 1, -1 do
         redis.call('ZADD', dead, now, id)
         redis.call('HDEL', recovered, id)
         crashed = crashed + 1
+        if tracked(id) then t_dead[#t_dead + 1] = id end
       end
     else
       if charged then
@@ -134,18 +146,26 @@ end
 if buried + crashed > 0 then
   redis.call('HINCRBY', stats, 'dead', buried + crashed)
 end
+local due = {}
+if #t_dead > 0 then
+  settle_tracked(campaigns, jobmeta, dedup, dedup_exp, t_dead, 'd', now, due)
+end
 if #moved > 0 or reaped > 0 then
   leave_wake_token(wake)
 end
 
 -- 3. pop and reserve
 local marks = {}
-local out = {now, -1, -1, #moved, reaped, buried, 0, crashed, marks}
+local out = {now, -1, -1, #moved, reaped, buried, 0, crashed, marks, due}
 local header_n = #out
 if want > 0 and redis.call('EXISTS', paused) == 0 then
   local deadline = now + lease
   local any_recovered = redis.call('HLEN', recovered) > 0
   local hargs, zargs = {}, {}
+  -- tracked jobs: only while a campaign is cancelled on this queue ("~cancelled" > 0)
+  -- is each one's campaign flag looked up, to drop it; otherwise they cost nothing here
+  local any_cancelled = tonumber(redis.call('HGET', campaigns, '~cancelled') or '0') > 0
+  local flags, skipped = {}, {}
   for p = 9, 0, -1 do
     if want <= 0 then break end
     local items = redis.call('LPOP', ready_key(p), want)
@@ -153,7 +173,20 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
       want = want - #items
       for _, e in ipairs(items) do
         local ep, a, mx, id, hl = parse(e)
-        if ep then
+        if any_cancelled and ep and tracked(id) then
+          local v = redis.call('HGET', jobmeta, id)
+          local cid = v and string.match(v, '^([^\n]*)\n') or ''
+          if cid ~= '' and flags[cid] == nil then
+            flags[cid] = redis.call('HGET', campaigns, cid .. ':f') or ''
+          end
+          if cid ~= '' and flags[cid] == 'cancelled' then
+            skipped[#skipped + 1] = id
+            ep = false
+          end
+        end
+        if ep == false then
+          -- cancelled: dropped here (counted below), never reserved
+        elseif ep then
           local r = with_attempt(e, ep, a + 1, mx, id, hl)
           hargs[#hargs + 1] = id
           hargs[#hargs + 1] = r
@@ -178,6 +211,9 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   if #hargs > 0 then
     redis.call('HSET', inflight, unpack(hargs))
     redis.call('ZADD', reserved, unpack(zargs))
+  end
+  if #skipped > 0 then
+    settle_tracked(campaigns, jobmeta, dedup, dedup_exp, skipped, 'c', now, due)
   end
   if want <= 0 then
     -- a full batch: more may be waiting, let the next idle worker look

@@ -33,6 +33,7 @@ import redis
 from .. import periodic
 from ..exitcodes import EXIT_ERROR, EXIT_RECYCLED
 from ..keys import QueueKeys, queues_key
+from .campaigns import FollowUp
 from .fetch import Fetcher
 from .leases import Leases
 from .outcomes import Outcomes
@@ -64,6 +65,7 @@ class Worker:
         self.fetcher = Fetcher(st, self.outcomes)
         self.runners = Runners(st, self.outcomes, self.leases)
         self.registry = Registry(st)
+        self.followup = FollowUp(st)
 
     @property
     def queues(self) -> tuple[QueueKeys, ...]:
@@ -134,6 +136,7 @@ class Worker:
             asyncio.create_task(self.outcomes.flush_loop(), name="batchq-flush"),
             asyncio.create_task(self.registry.heartbeat_loop(), name="batchq-heartbeat"),
             asyncio.create_task(self._metrics_loop(), name="batchq-metrics"),
+            asyncio.create_task(self.followup.loop(), name="batchq-campaigns"),
         ]
         # every process runs the scheduler, one of them leads; a burst worker exits
         # when drained, so it never takes a leadership it would drop at once
@@ -161,7 +164,8 @@ class Worker:
             _, stuck = await asyncio.wait(helpers, timeout=STOP_GRACE_S)
             if stuck:
                 log.warning("%d background tasks did not stop; leaving them", len(stuck))
-            await self.outcomes.flush_with_retry(final=True)
+            flushed = await self.outcomes.flush_with_retry(final=True)
+            await self.followup.finish(flushed)  # the last flush may finish a campaign
             if self.runners.probe is not None:
                 await self.runners.probe.close()  # the last load-test figures
             self._publish_metrics()

@@ -45,6 +45,8 @@ GAUGES = frozenset({
     "batchq_queue_delayed_lag_seconds",
     "batchq_queue_paused",
     "batchq_periodic_next_run_timestamp_seconds",
+    "batchq_campaign_jobs",
+    "batchq_campaign_done",
 })
 EXPORTED = COUNTERS | HISTOGRAMS | GAUGES
 """(``batchq_periodic_last_run_timestamp_seconds`` too, once a periodic task ran: the
