@@ -18,6 +18,8 @@ BATCHQ_COMMANDS = (
     # commands sent directly (worker, producer, Queue, CLI, metrics)
     "+blpop", "+lindex", "+sadd", "+smembers", "+zcard", "+zremrangebyscore",
     "+hmget", "+hgetall", "+set", "+del", "+expire", "+multi", "+exec",
+    # campaigns: listing them (app.campaigns, the CLI, the metrics)
+    "+zrevrange",
 )
 
 

@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import pytest
 from helpers import REPO_ROOT, wait_until
-from selenium.common.exceptions import NoAlertPresentException
+from selenium.common.exceptions import NoAlertPresentException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
@@ -51,7 +51,9 @@ def wait_text(driver: Any, css: str, want: str, timeout_s: float = 15) -> None:
         els = d.find_elements(By.CSS_SELECTOR, css)
         return bool(els) and els[0].text == want
     try:
-        WebDriverWait(driver, timeout_s).until(check)
+        # the page may be replaced while we look (a form post): a stale element is retried
+        WebDriverWait(driver, timeout_s,
+                      ignored_exceptions=(StaleElementReferenceException,)).until(check)
     except Exception:
         els = driver.find_elements(By.CSS_SELECTOR, css)
         raise AssertionError(f"{css}: want {want!r}, have "
