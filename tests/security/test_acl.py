@@ -36,6 +36,13 @@ def test_acl_line_is_what_the_docs_say(acl_server: AclServer) -> None:
     assert "+evalsha" in rules["commands"] and "+script|load" in rules["commands"]
 
 
+def test_readme_acl_line_lists_exactly_these_commands() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    (line,) = [x for x in readme.splitlines() if "ACL SETUSER batchq" in x]
+    documented = {w for w in line.split() if w.startswith("+")}
+    assert documented == set(acl_setuser_args("batchq", "PASSWORD", "NS")[7:])
+
+
 def test_the_user_is_really_limited(acl_server: AclServer) -> None:
     r = redis.Redis.from_url(acl_server.url)
     try:
