@@ -7,6 +7,8 @@ from .codec import Job
 from .errors import (
     BatchqError,
     EnqueueError,
+    JobCancelled,
+    JobDead,
     LockLost,
     LockNotAcquired,
     PayloadTooLarge,
@@ -29,6 +31,8 @@ __all__ = [
     "DeadRetention",
     "EnqueueError",
     "Job",
+    "JobCancelled",
+    "JobDead",
     "JobFailed",
     "Lock",
     "LockLost",

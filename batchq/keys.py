@@ -21,6 +21,17 @@ Layout of one queue ``Q`` in namespace ``NS`` (``T`` = ``NS:{NS:Q}``)::
                                    a worker whose lease expired (pop.lua); empty normally
     T:started                hash  id -> lease of a recovered job whose handler started
                                    (start.lua): if that worker dies, this job is charged
+    T:pending                hash  id -> "r" (ready) or the entry (delayed): every job
+                                   waiting in a ready list or the delayed set, so
+                                   ``job_status`` and ``cancel`` find it without a scan
+    T:cancel                 hash  id -> "1": cancelled ready jobs still in their list;
+                                   pop.lua drops them (and the field) when it pops them
+    T:cancelled              zset  id -> when it was cancelled (ms): the "cancelled"
+                                   status, kept ``CANCEL_KEEP_MS`` (cancel.lua trims)
+    T:result:<id>            string the msgpack return value of a task with
+                                   ``result_ttl_s``, expiring after it (ack_result.lua)
+    T:done:<id>              pub/sub channel (not a key): the scripts publish "s"
+                                   (succeeded), "d" (dead) or "c" (cancelled) on it
 """
 
 from __future__ import annotations
@@ -68,6 +79,12 @@ class QueueKeys:
     recovered: str = field(init=False)
     started: str = field(init=False)
     periodic: str = field(init=False)
+    pending: str = field(init=False)
+    cancel: str = field(init=False)
+    cancelled: str = field(init=False)
+    done: str = field(init=False)
+    """Prefix of the per-job pub/sub channels ``<done>:<id>`` (not a key; declared in
+    the scripts' KEYS so the channel is named by the caller, never built from parts)."""
     """Periodic schedules' last ticks (``periodic_tick.lua``); not in ``all()``, so
     ``Queue.clear`` does not reset them."""
 
@@ -83,7 +100,8 @@ class QueueKeys:
             self, "ready", tuple(f"{p}:ready:{i}" for i in range(MAX_PRIORITY, -1, -1))
         )
         for name in ("delayed", "reserved", "inflight", "dead", "wake", "paused", "stats",
-                     "recovered", "started", "periodic"):
+                     "recovered", "started", "periodic", "pending", "cancel", "cancelled",
+                     "done"):
             object.__setattr__(self, name, f"{p}:{name}")
         object.__setattr__(self, "dead_jobs", f"{p}:dead:jobs")
 
@@ -105,7 +123,18 @@ class QueueKeys:
             self.stats,
             self.recovered,
             self.started,
+            self.pending,
+            self.cancel,
+            self.cancelled,
         )
+
+    def result(self, job_id: str) -> str:
+        """The result key of one job (a string with a TTL)."""
+        return f"{self.prefix}:result:{job_id}"
+
+    def done_channel(self, job_id: str) -> str:
+        """The pub/sub channel a job's end is announced on."""
+        return f"{self.done}:{job_id}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -167,13 +167,15 @@ class _Plan:
     task: str
     due: tuple[str, int] | None  # ("rel", ms) or ("abs", unix ms) or None for ready
     max_payload: int
+    ref: str = ""
+    """The queue reference every id of this plan starts with (``codec.queue_ref``)."""
 
     @property
     def target(self) -> str:
         return self.keys.ready_for(int(self.head[:1]))
 
     def entry(self, args: Any, kwargs: Mapping[str, Any], now_ms: int) -> tuple[str, bytes]:
-        jid = codec.new_id()
+        jid = codec.new_id(self.ref)
         due_ms = None
         if self.due is not None:
             due_ms = now_ms + self.due[1] if self.due[0] == "rel" else self.due[1]
@@ -204,7 +206,7 @@ def plan(src: _PlanSource, task: str, queue: str, priority: int, max_attempts: i
         # a naive datetime is local time, as datetime.timestamp() reads it
         due = ("abs", round(eta_seconds(eta) * 1000))
     return _Plan(src.keys(_check_queue("queue", queue)), codec.header(priority, max_attempts),
-                 task, due, src.max_payload_bytes)
+                 task, due, src.max_payload_bytes, codec.queue_ref(queue))
 
 
 def _split(item: Any) -> tuple[Any, Mapping[str, Any]]:

@@ -35,7 +35,8 @@ from redis.exceptions import NoScriptError
 from .calls import Call
 
 NAMES = ("enqueue", "schedule", "pop", "ack", "nack", "release", "extend", "redrive",
-         "start", "trim_dead", "lock_acquire", "lock_release", "lock_extend", "periodic_tick")
+         "start", "trim_dead", "lock_acquire", "lock_release", "lock_extend", "periodic_tick",
+         "cancel", "ack_result", "status")
 
 _CALLS = "_batchq_calls"
 

@@ -90,6 +90,13 @@ local function try_hset(key, field, value)
   return ok_reply(redis.pcall('HSET', key, field, value))
 end
 
+-- Index jobs as waiting, by id (the pending hash: job_status and cancel.lua read it):
+-- "r" for a ready job, the entry itself for a delayed one (cancel.lua ZREMs it). One
+-- HSET per call; pairs is {id, value, id, value, ...}.
+local function index_pending(pending, pairs)
+  if #pairs > 0 then redis.call('HSET', pending, unpack(pairs)) end
+end
+
 -- "<id>:<attempt>" -> id
 local function member_id(m)
   return string.match(m, '^(.*):%d+$')

@@ -21,19 +21,22 @@ from ..keys import MAX_PRIORITY, LockKeys, QueueKeys
 _READY_ALL = tuple(f"ready{p}" for p in range(MAX_PRIORITY, -1, -1))
 
 KEY_ORDER: dict[str, tuple[str, ...]] = {
-    "enqueue": ("ready", "wake", "inflight", "stats"),
-    "schedule": ("delayed", "wake", "inflight", "ready", "stats"),
+    "enqueue": ("ready", "wake", "inflight", "stats", "pending"),
+    "schedule": ("delayed", "wake", "inflight", "ready", "stats", "pending"),
     "pop": ("delayed", "reserved", "inflight", "dead", "dead_jobs", "wake", "paused",
-            *_READY_ALL, "stats", "recovered", "started"),
+            *_READY_ALL, "stats", "recovered", "started", "pending", "cancel", "done"),
     "ack": ("reserved", "inflight", "stats", "recovered", "started"),
+    "ack_result": ("reserved", "inflight", "stats", "recovered", "started", "done"),
     "nack": ("reserved", "inflight", "delayed", "dead", "dead_jobs", "wake", "stats",
-             "recovered", "started"),
-    "release": ("reserved", "inflight", "wake", *_READY_ALL, "started"),
+             "recovered", "started", "pending", "done"),
+    "release": ("reserved", "inflight", "wake", *_READY_ALL, "started", "pending"),
     "extend": ("reserved",),
     "start": ("reserved", "started"),
-    "redrive": ("dead", "dead_jobs", "wake", *_READY_ALL, "stats"),
+    "redrive": ("dead", "dead_jobs", "wake", *_READY_ALL, "stats", "pending"),
     "trim_dead": ("dead", "dead_jobs"),
-    "periodic_tick": ("periodic", "ready", "wake", "stats"),
+    "periodic_tick": ("periodic", "ready", "wake", "stats", "pending"),
+    "cancel": ("pending", "cancel", "cancelled", "delayed", "stats", "done"),
+    "status": ("pending", "inflight", "dead_jobs", "cancelled", "cancel"),
     "lock_acquire": ("token", "fence"),
     "lock_release": ("token",),
     "lock_extend": ("token",),
@@ -86,6 +89,30 @@ def pop(k: QueueKeys, want: int, lease_ms: int, chunk: int) -> Call:
 
 def ack(k: QueueKeys, leases: Sequence[bytes | str]) -> Call:
     return Call("ack", _keys("ack", k), list(leases))
+
+
+def ack_result(k: QueueKeys, items: Sequence[tuple[bytes | str, int, bytes]]) -> Call:
+    """Ack jobs and keep their results: ``items`` are (lease, TTL ms, msgpack result);
+    each job's result key follows the fixed KEYS."""
+    keys = _keys("ack_result", k)
+    args: list[Any] = []
+    for lease, ttl_ms, value in items:
+        text = lease.decode() if isinstance(lease, bytes) else lease
+        keys.append(k.result(text.rsplit(":", 1)[0]))
+        args += [lease, ttl_ms, value]
+    return Call("ack_result", keys, args)
+
+
+def cancel(k: QueueKeys, job_id: str, keep_ms: int, chunk: int) -> Call:
+    """Cancel ``job_id`` if it waits; cancelled records older than ``keep_ms`` go (at
+    most ``chunk`` per call)."""
+    return Call("cancel", _keys("cancel", k), [job_id, keep_ms, chunk])
+
+
+def status(k: QueueKeys, job_id: str, *, payload: bool) -> Call:
+    """Where ``job_id`` is; ``payload``: also its result value or dead record."""
+    return Call("status", [*_keys("status", k), k.result(job_id)],
+                [job_id, "1" if payload else "0"])
 
 
 def nack(k: QueueKeys, retries: Sequence[tuple[bytes | str, int]] = (),

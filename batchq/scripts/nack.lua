@@ -6,6 +6,9 @@
 --                                          worker's next look)
 -- KEYS[7]  stats hash: "dead" and "retried" count what was written
 -- KEYS[8]  recovered hash, KEYS[9] started hash: the crash marks (pop.lua), forgotten
+-- KEYS[10] pending hash: a retried job waits in the delayed set again (id -> entry)
+-- KEYS[11] done: prefix of the per-job channels; a dead-lettered job is announced on
+--          "<done>:<id>" with "d" (result waiters wake)
 -- ARGV[1]  R, the number of retries that follow
 -- ARGV[2..2R+1]        pairs: lease "<id>:<attempt>", retry delay in ms
 -- ARGV[2R+2..]         pairs: lease, dead record (msgpack, built by the worker)
@@ -20,10 +23,12 @@ local wake = KEYS[6]
 local stats = KEYS[7]
 local recovered = KEYS[8]
 local started = KEYS[9]
+local pending = KEYS[10]
+local done = KEYS[11]
 
 local now = now_ms()
 local r = tonumber(ARGV[1])
-local stale, done = {}, {}
+local stale, finished = {}, {}
 local retried, buried = 0, 0
 local i = 2
 while i < #ARGV do
@@ -37,14 +42,16 @@ while i < #ARGV do
     redis.call('ZREM', reserved, m)
     if i <= 2 * r then
       redis.call('ZADD', delayed, now + tonumber(v), e)
+      redis.call('HSET', pending, id, e)
       retried = retried + 1
     else
       redis.call('HSET', dead_jobs, id, v)
       redis.call('ZADD', dead, now, id)
+      redis.call('PUBLISH', done .. ':' .. id, 'd')
       buried = buried + 1
     end
     redis.call('HDEL', inflight, id)
-    done[#done + 1] = id
+    finished[#finished + 1] = id
   else
     stale[#stale + 1] = i / 2
   end
@@ -54,6 +61,6 @@ if retried + buried > 0 then
   redis.call('HINCRBY', stats, 'retried', retried)
   redis.call('HINCRBY', stats, 'dead', buried)
 end
-forget_marks(recovered, started, done)
+forget_marks(recovered, started, finished)
 if retried > 0 then leave_wake_token(wake) end
 return stale

@@ -14,6 +14,12 @@
 -- KEYS[19] recovered hash: id -> "<recoveries>:<crashes>" of jobs taken back from a
 --          worker whose lease expired
 -- KEYS[20] started hash: id -> lease whose handler started in isolation (start.lua)
+-- KEYS[21] pending hash: id -> "r" | delayed entry (see enqueue.lua); kept in step with
+--          every move below, and the popped ids leave it
+-- KEYS[22] cancel hash: ids of cancelled ready jobs (cancel.lua); a popped one is
+--          dropped (never reserved nor run) and counted in stats "cancelled"
+-- KEYS[23] done: prefix of the per-job channels; a job dead-lettered here is announced
+--          on "<done>:<id>" with "d"
 -- ARGV[1]  how many jobs to pop (0 = maintenance only)
 -- ARGV[2]  lease in ms
 -- ARGV[3]  chunk: at most this many delayed and expired jobs are moved per call
@@ -44,6 +50,9 @@ local READY9 = 8  -- KEYS[READY9 + 9 - p] is the ready list of priority p
 local stats = KEYS[18]
 local recovered = KEYS[19]
 local started = KEYS[20]
+local pending = KEYS[21]
+local cancel = KEYS[22]
+local done = KEYS[23]
 
 local ISOLATE_AFTER = 2  -- recoveries after which a job runs alone, its start recorded
 
@@ -67,6 +76,15 @@ for _, e in ipairs(due) do
 end
 if #moved > 0 then
   redis.call('ZREM', delayed, unpack(moved))
+  local marks = {}
+  for _, e in ipairs(moved) do
+    local _, _, _, id = parse(e)
+    if id then
+      marks[#marks + 1] = id
+      marks[#marks + 1] = 'r'
+    end
+  end
+  index_pending(pending, marks)
 end
 
 -- 2. expired reservations -> ready head (latest first, so the earliest ends up in
@@ -94,6 +112,7 @@ for x = #expired, 1, -1 do
         'the lease of a malformed entry expired', e))
       if ok then
         redis.call('ZADD', dead, now, id)
+        redis.call('PUBLISH', done .. ':' .. id, 'd')
         buried = buried + 1
       end
     elseif charged and a >= mx then
@@ -103,6 +122,7 @@ for x = #expired, 1, -1 do
       if ok then
         redis.call('ZADD', dead, now, id)
         redis.call('HDEL', recovered, id)
+        redis.call('PUBLISH', done .. ':' .. id, 'd')
         crashed = crashed + 1
       end
     else
@@ -117,6 +137,7 @@ for x = #expired, 1, -1 do
       end
       if ok then
         redis.call('HSET', recovered, id, (n + 1) .. ':' .. c)
+        redis.call('HSET', pending, id, 'r')
         reaped = reaped + 1
       end
     end
@@ -145,7 +166,9 @@ local header_n = #out
 if want > 0 and redis.call('EXISTS', paused) == 0 then
   local deadline = now + lease
   local any_recovered = redis.call('HLEN', recovered) > 0
-  local hargs, zargs = {}, {}
+  local any_cancelled = redis.call('HLEN', cancel) > 0
+  local hargs, zargs, ids = {}, {}, {}
+  local dropped = 0
   for p = 9, 0, -1 do
     if want <= 0 then break end
     local items = redis.call('LPOP', ready_key(p), want)
@@ -153,7 +176,11 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
       want = want - #items
       for _, e in ipairs(items) do
         local ep, a, mx, id, hl = parse(e)
-        if ep then
+        if ep and any_cancelled and redis.call('HDEL', cancel, id) == 1 then
+          -- cancelled while it waited (cancel.lua): dropped, never run
+          dropped = dropped + 1
+        elseif ep then
+          ids[#ids + 1] = id
           local r = with_attempt(e, ep, a + 1, mx, id, hl)
           hargs[#hargs + 1] = id
           hargs[#hargs + 1] = r
@@ -178,6 +205,10 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   if #hargs > 0 then
     redis.call('HSET', inflight, unpack(hargs))
     redis.call('ZADD', reserved, unpack(zargs))
+    redis.call('HDEL', pending, unpack(ids))
+  end
+  if dropped > 0 then
+    redis.call('HINCRBY', stats, 'cancelled', dropped)
   end
   if want <= 0 then
     -- a full batch: more may be waiting, let the next idle worker look

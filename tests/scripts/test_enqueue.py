@@ -17,7 +17,7 @@ entry = partial(_entry, args=())
 
 def enqueue(s: SyncScripts, k: QueueKeys, entries: list[bytes], prio: int = 0,
             check: bool = False) -> int:
-    return int(s.enqueue([k.ready_for(prio), k.wake, k.inflight, k.stats],
+    return int(s.enqueue([k.ready_for(prio), k.wake, k.inflight, k.stats, k.pending],
                          ["1" if check else "0", *entries]))
 
 
@@ -35,7 +35,9 @@ def test_writes_only_the_target_list_wake_list_and_stats(redis_client, s, k, nam
     es = [entry(f"j{i}", prio=7) for i in range(4)]
     assert enqueue(s, k, es, prio=7) == 4
     assert ns_keys(redis_client, namespace) == {
-        k.ready_for(7).encode(), k.wake.encode(), k.stats.encode()}
+        k.ready_for(7).encode(), k.wake.encode(), k.stats.encode(), k.pending.encode()}
+    # every job is indexed as ready, by id (job_status, cancel.lua)
+    assert redis_client.hgetall(k.pending) == {f"j{i}".encode(): b"r" for i in range(4)}
     assert redis_client.lrange(k.ready_for(7), 0, -1) == es
     assert redis_client.lrange(k.wake, 0, -1) == [b"1"]
     assert redis_client.hgetall(k.stats) == {b"enqueued": b"4"}
@@ -98,7 +100,8 @@ def test_check_mode_returns_minus_one_when_first_job_is_already_queued(
     assert enqueue(s, k, es, prio=3, check=True) == -1
     assert redis_client.lrange(k.ready_for(3), 0, -1) == es + later
     # nothing at all was written: no wake token, no count
-    assert ns_keys(redis_client, namespace) == {k.ready_for(3).encode(), k.stats.encode()}
+    assert ns_keys(redis_client, namespace) == {k.ready_for(3).encode(), k.stats.encode(),
+                                                k.pending.encode()}
     assert enqueued(redis_client, k) == 4
 
 
