@@ -21,13 +21,18 @@ local started = KEYS[5]
 local done = KEYS[6]
 local RESULTS = 6  -- KEYS[RESULTS + j] is the result key of the j-th triple
 
+local leases = {}
+for i = 1, #ARGV - 2, 3 do
+  leases[#leases + 1] = ARGV[i]
+end
+local scores = redis.call('ZMSCORE', reserved, unpack(leases))
 local stale, ids, live = {}, {}, {}
 local j = 0
 for i = 1, #ARGV - 2, 3 do
   j = j + 1
   local m = ARGV[i]
   local id = member_id(m)
-  if id and redis.call('ZSCORE', reserved, m) then
+  if id and scores[j] then
     -- the result first (write before delete): a full Redis refuses it before anything
     -- else changes, and the lease stays to be acked again
     redis.call('SET', KEYS[RESULTS + j], ARGV[i + 2], 'PX', ARGV[i + 1])
