@@ -225,6 +225,7 @@ def test_cancel_races_a_fleet_popping(app: batchq.App, workers: WorkerProcs, log
         won.add(f"t{i}")
     workers.start("-q", QUEUE, "-c", "20", "--fetch-batch", "10", serving=0)
     workers.start("-q", QUEUE, "-c", "20", "--fetch-batch", "10", serving=0)
+    wait_until(lambda: len(ran(log_path)) > 0, timeout_s=30)  # popping has begun
     for i in order[n // 10 :]:
         if app.cancel(ids[i]):
             won.add(f"t{i}")
@@ -236,3 +237,4 @@ def test_cancel_races_a_fleet_popping(app: batchq.App, workers: WorkerProcs, log
     assert set(runs).isdisjoint(won), "a cancelled job ran"
     assert set(runs) | won == {f"t{i}" for i in range(n)}, "a job neither ran nor was cancelled"
     assert len(won) < n, "no job ran"
+    assert app.redis.hlen(app.keys(QUEUE).cancel) == 0  # every tombstone was used
