@@ -37,6 +37,7 @@ __all__ = [
     "queue_ref",
     "ref_of",
     "reset_attempt",
+    "seq_of",
 ]
 
 
@@ -151,10 +152,23 @@ _reseed()
 os.register_at_fork(after_in_child=_reseed)
 
 
-def new_id(ref: str = "0000") -> str:
-    """A new job id: the queue reference ``ref``, 13 random base-62 characters, then a
-    hex counter."""
+def new_id(ref: str = "0000", seq: int | None = None) -> str:
+    """A new job id: the queue reference ``ref``, 13 random base-62 characters, then
+    ``-`` and the hex sequence number ``seq`` (see ``seqs``), or a hex counter when the
+    job has none (delayed and periodic jobs)."""
+    if seq is not None:
+        return f"{ref}{_prefix}-{seq:x}"
     return f"{ref}{_prefix}{next(_counter):x}"
+
+
+def seq_of(job_id: str) -> int | None:
+    """The sequence number in an id made by ``new_id(ref, seq)``, else None."""
+    if len(job_id) > REF_LEN + 14 and job_id[REF_LEN + 13] == "-":
+        try:
+            return int(job_id[REF_LEN + 14:], 16)
+        except ValueError:
+            return None
+    return None
 
 
 # --- entries ---------------------------------------------------------------------------

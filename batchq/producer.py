@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -33,6 +33,7 @@ from .clients import Clients
 from .errors import EnqueueError, PayloadTooLarge
 from .keys import MAX_PRIORITY, QueueKeys
 from .scripts import arun_pipeline, calls, run_pipeline
+from .seqs import SeqSource, areserve, entry_runs
 
 CHUNK = 1000
 """Jobs per script call (Lua's unpack limit is about 8000 arguments)."""
@@ -167,15 +168,15 @@ class _Plan:
     task: str
     due: tuple[str, int] | None  # ("rel", ms) or ("abs", unix ms) or None for ready
     max_payload: int
-    ref: str = ""
-    """The queue reference every id of this plan starts with (``codec.queue_ref``)."""
+    ref: str = ""  # the queue reference every id of this plan starts with
 
     @property
     def target(self) -> str:
         return self.keys.ready_for(int(self.head[:1]))
 
-    def entry(self, args: Any, kwargs: Mapping[str, Any], now_ms: int) -> tuple[str, bytes]:
-        jid = codec.new_id(self.ref)
+    def entry(self, args: Any, kwargs: Mapping[str, Any], now_ms: int,
+              seq: int | None = None) -> tuple[str, bytes]:
+        jid = codec.new_id(self.ref, seq)
         due_ms = None
         if self.due is not None:
             due_ms = now_ms + self.due[1] if self.due[0] == "rel" else self.due[1]
@@ -190,7 +191,8 @@ class _Plan:
 
     def script_args(self, entries: list[bytes], check: bool) -> tuple[list[str], list[Any]]:
         p = int(self.head[:1])
-        c = (calls.enqueue(self.keys, p, entries, check=check) if self.due is None else
+        runs = entry_runs(self.head, entries) if self.due is None else ""
+        c = (calls.enqueue(self.keys, p, entries, check=check, runs=runs) if self.due is None else
              calls.schedule(self.keys, p, self.due[0], self.due[1], entries, check=check))
         return c.keys, c.args
 
@@ -219,14 +221,15 @@ def _split(item: Any) -> tuple[Any, Mapping[str, Any]]:
     return (item,), {}
 
 
-def _chunks(p: _Plan, items: Iterable[Any]) -> Iterator[tuple[list[str], list[bytes]]]:
+def _chunks(p: _Plan, items: Iterable[Any], seqs: Callable[[], int | None] | None
+            ) -> Iterator[tuple[list[str], list[bytes]]]:
     ids: list[str] = []
     entries: list[bytes] = []
     now_ms = int(time.time() * 1000)
     for n, item in enumerate(items, 1):
         args, kwargs = _split(item)
         try:
-            jid, e = p.entry(args, kwargs, now_ms)
+            jid, e = p.entry(args, kwargs, now_ms, seqs() if seqs else None)
         except (TypeError, ValueError) as exc:
             raise _at_item(exc, n - 1) from None
         ids.append(jid)
@@ -256,8 +259,8 @@ class _Stream:
     """The bookkeeping of one ``enqueue_many`` (no I/O): windows of chunks, and what
     Redis confirmed so far, for an exact ``EnqueueError``."""
 
-    def __init__(self, p: _Plan) -> None:
-        self.p = p
+    def __init__(self, p: _Plan, seqs: Callable[[], int | None]) -> None:
+        self.p, self.seqs = p, (seqs if p.due is None else None)
         self.written: list[str] = []
 
     def windows(self, items: Iterable[Any]) -> Iterator[Window]:
@@ -265,7 +268,7 @@ class _Stream:
         ``PayloadTooLarge``) stops the stream; the error then carries ``written`` and
         ``ids`` of the jobs already in Redis, like ``EnqueueError``."""
         window: Window = []
-        chunks = _chunks(self.p, items)
+        chunks = _chunks(self.p, items, self.seqs)
         while True:
             try:
                 chunk = next(chunks, None)
@@ -355,13 +358,14 @@ def _with_retry_sync(c: Clients, p: _Plan, entries: list[bytes]) -> None:
 
 
 def enqueue(c: Clients, p: _Plan, args: Any, kwargs: Mapping[str, Any]) -> str:
-    jid, e = p.entry(args, kwargs, int(time.time() * 1000))
+    seq = SeqSource(c, p.keys)() if p.due is None else None
+    jid, e = p.entry(args, kwargs, int(time.time() * 1000), seq)
     _with_retry_sync(c, p, [e])
     return jid
 
 
 def enqueue_many(c: Clients, p: _Plan, items: Iterable[Any]) -> list[str]:
-    st = _Stream(p)
+    st = _Stream(p, SeqSource(c, p.keys))
     for single, rest in st.steps(items):
         if single is not None:
             try:
@@ -465,13 +469,15 @@ def _own_copy(exc: Exception, shared_by: int) -> Exception:
 
 
 async def aenqueue(c: Clients, p: _Plan, args: Any, kwargs: Mapping[str, Any]) -> str:
-    jid, e = p.entry(args, kwargs, int(time.time() * 1000))
+    runs = await areserve(c, p.keys, 1) if p.due is None else []
+    jid, e = p.entry(args, kwargs, int(time.time() * 1000), runs[0][0] if runs else None)
     await coalescer(c).submit(c, p, e)
     return jid
 
 
 async def aenqueue_many(c: Clients, p: _Plan, items: Iterable[Any]) -> list[str]:
-    st = _Stream(p)
+    items = list(items)  # its length: the sequence numbers are reserved up front
+    st = _Stream(p, SeqSource(c, p.keys, await areserve(c, p.keys, len(items))))
     for single, rest in st.steps(items):
         if single is not None:
             try:

@@ -327,6 +327,12 @@ def _resolve(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
+WAITERS_TTL_MS = 30_000
+"""A waiter keeps its queue's ``waiters`` flag alive this long; ack_result.lua publishes
+only while the flag exists (a drain nobody waits on skips the PUBLISH per job)."""
+WAITERS_RENEW_S = 10.0
+"""A waiter renews the flag (and reads the job's state again) this often."""
+
 _listeners: dict[tuple[int, str], Listener] = {}
 _listeners_lock = threading.Lock()
 
@@ -367,13 +373,19 @@ def result(app: ResultsOwner, job_id: str, timeout_s: float) -> Any:
         for _, ch in chans:
             if not lst.wait_armed(ch, deadline):
                 raise TimeoutError(f"job {job_id}: could not subscribe in time")
+        client = app.clients.sync_scripts.client
         while True:
             seen = [ch.version for _, ch in chans]
+            for k in ks:  # before the read: an ack after it publishes (see WAITERS_TTL_MS)
+                client.set(k.waiters, b"1", px=WAITERS_TTL_MS)
             state, data, _ = read_state(app, job_id, payload=True)
             if state in _FINAL:
                 return _outcome(job_id, state, data)
-            # a message on any candidate channel (normally there is one) wakes us
-            if not lst.wait([ch for _, ch in chans], seen, deadline):
+            # a message on any candidate channel (normally there is one) wakes us; the
+            # flag is renewed (and the state read again) every WAITERS_RENEW_S
+            step = min(deadline, time.monotonic() + WAITERS_RENEW_S)
+            if not lst.wait([ch for _, ch in chans], seen, step) and \
+                    time.monotonic() >= deadline:
                 raise TimeoutError(f"job {job_id} is still {state} after {timeout_s}s")
     finally:
         for name, ch in chans:
@@ -397,16 +409,20 @@ async def aresult(app: ResultsOwner, job_id: str, timeout_s: float) -> Any:
             while not ch.armed:
                 if not await _next_change(lst, [ch], deadline, loop):
                     raise TimeoutError(f"job {job_id}: could not subscribe in time")
+        client = app.clients.async_scripts().client
         while True:
             # futures first: a change after the read below wakes this waiter
             futs = [(ch, lst.future(ch)) for _, ch in subs]
+            for k in ks:
+                await client.set(k.waiters, b"1", px=WAITERS_TTL_MS)
             state, data, _ = await aread_state(app, job_id, payload=True)
-            done = state in _FINAL or await _wait_any(futs, deadline, loop)
+            step = min(deadline, loop.time() + WAITERS_RENEW_S)
+            done = state in _FINAL or await _wait_any(futs, step, loop)
             for ch, fut in futs:
                 lst.drop_future(ch, fut)
             if state in _FINAL:
                 return _outcome(job_id, state, data)
-            if not done:
+            if not done and loop.time() >= deadline:
                 raise TimeoutError(f"job {job_id} is still {state} after {timeout_s}s")
     finally:
         for name, ch in subs:

@@ -36,7 +36,7 @@ from .calls import Call
 
 NAMES = ("enqueue", "schedule", "pop", "ack", "nack", "release", "extend", "redrive",
          "start", "trim_dead", "lock_acquire", "lock_release", "lock_extend", "periodic_tick",
-         "cancel", "ack_result", "status")
+         "cancel", "ack_result", "status", "reserve")
 
 _CALLS = "_batchq_calls"
 

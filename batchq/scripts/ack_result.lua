@@ -6,7 +6,9 @@
 -- KEYS[3]  stats hash: "succeeded" counts the acks applied, exactly once each
 -- KEYS[4]  recovered hash, KEYS[5] started hash: the crash marks (pop.lua), forgotten
 -- KEYS[6]  done: prefix of the per-job channels; each applied ack is announced with "s"
---          on "<done>:<id>" after its result is written (result waiters wake)
+--          on "<done>:<id>" after its result is written (result waiters wake), only
+--          while KEYS[7] exists
+-- KEYS[7]  waiters flag: set (with a TTL) by processes waiting for results of this queue
 -- The keys after those: the result key of each job, in the order of the triples below
 -- (KEYS[RESULTS + j] belongs to the j-th triple).
 -- ARGV     triples: lease "<id>:<attempt>", result TTL in ms, msgpack result (at most
@@ -19,7 +21,8 @@ local stats = KEYS[3]
 local recovered = KEYS[4]
 local started = KEYS[5]
 local done = KEYS[6]
-local RESULTS = 6  -- KEYS[RESULTS + j] is the result key of the j-th triple
+local waiters = KEYS[7]
+local RESULTS = 7  -- KEYS[RESULTS + j] is the result key of the j-th triple
 
 local leases = {}
 for i = 1, #ARGV - 2, 3 do
@@ -47,8 +50,10 @@ if #live > 0 then
   redis.call('HDEL', inflight, unpack(ids))
   redis.call('HINCRBY', stats, 'succeeded', #live)
   forget_marks(recovered, started, ids)
-  for _, id in ipairs(ids) do
-    redis.call('PUBLISH', done .. ':' .. id, 's')
+  if redis.call('EXISTS', waiters) == 1 then
+    for _, id in ipairs(ids) do
+      redis.call('PUBLISH', done .. ':' .. id, 's')
+    end
   end
 end
 return stale

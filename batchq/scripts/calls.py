@@ -18,15 +18,18 @@ from typing import Any
 
 from ..keys import MAX_PRIORITY, LockKeys, QueueKeys
 
+_WAIT = ("seq", "waiting0", "waiting1", "waiting2", "waiting3")  # the ready-job bitmaps
 _READY_ALL = tuple(f"ready{p}" for p in range(MAX_PRIORITY, -1, -1))
 
 KEY_ORDER: dict[str, tuple[str, ...]] = {
-    "enqueue": ("ready", "wake", "inflight", "stats", "pending"),
+    "enqueue": ("ready", "wake", "inflight", "stats", "pending", *_WAIT),
     "schedule": ("delayed", "wake", "inflight", "ready", "stats", "pending"),
     "pop": ("delayed", "reserved", "inflight", "dead", "dead_jobs", "wake", "paused",
-            *_READY_ALL, "stats", "recovered", "started", "pending", "cancel", "done"),
+            *_READY_ALL, "stats", "recovered", "started", "pending", "cancel", "done",
+            *_WAIT),
     "ack": ("reserved", "inflight", "stats", "recovered", "started"),
-    "ack_result": ("reserved", "inflight", "stats", "recovered", "started", "done"),
+    "ack_result": ("reserved", "inflight", "stats", "recovered", "started", "done",
+                   "waiters"),
     "nack": ("reserved", "inflight", "delayed", "dead", "dead_jobs", "wake", "stats",
              "recovered", "started", "pending", "done"),
     "release": ("reserved", "inflight", "wake", *_READY_ALL, "started", "pending"),
@@ -35,8 +38,9 @@ KEY_ORDER: dict[str, tuple[str, ...]] = {
     "redrive": ("dead", "dead_jobs", "wake", *_READY_ALL, "stats", "pending"),
     "trim_dead": ("dead", "dead_jobs"),
     "periodic_tick": ("periodic", "ready", "wake", "stats", "pending"),
-    "cancel": ("pending", "cancel", "cancelled", "delayed", "stats", "done"),
-    "status": ("pending", "inflight", "dead_jobs", "cancelled", "cancel"),
+    "cancel": ("pending", "cancel", "cancelled", "delayed", "stats", "done", *_WAIT),
+    "status": ("pending", "inflight", "dead_jobs", "cancelled", "cancel", *_WAIT),
+    "reserve": _WAIT,
     "lock_acquire": ("token", "fence"),
     "lock_release": ("token",),
     "lock_extend": ("token",),
@@ -68,10 +72,18 @@ def _keys(script: str, k: QueueKeys | LockKeys, priority: int | None = None) -> 
     return out
 
 
-def enqueue(k: QueueKeys, priority: int, entries: Sequence[bytes], *, check: bool) -> Call:
+def enqueue(k: QueueKeys, priority: int, entries: Sequence[bytes], *, check: bool,
+            runs: str = "") -> Call:
     """Append ``entries`` (all of ``priority``) to their ready list; ``check``: the retry
-    of a call whose reply was lost (write nothing if the first job is there)."""
-    return Call("enqueue", _keys("enqueue", k, priority), ["1" if check else "0", *entries])
+    of a call whose reply was lost (write nothing if the first job is there); ``runs``:
+    the jobs' sequence numbers as ``"first:count,..."`` (``producer.seq_runs``)."""
+    return Call("enqueue", _keys("enqueue", k, priority),
+                ["1" if check else "0", runs, *entries])
+
+
+def reserve(k: QueueKeys, n: int) -> Call:
+    """Reserve ``n`` job sequence numbers of the queue; replies the first."""
+    return Call("reserve", _keys("reserve", k), [n])
 
 
 def schedule(k: QueueKeys, priority: int, mode: str, when_ms: int,

@@ -20,6 +20,8 @@
 --          dropped (never reserved nor run) and counted in stats "cancelled"
 -- KEYS[23] done: prefix of the per-job channels; a job dead-lettered here is announced
 --          on "<done>:<id>" with "d"
+-- KEYS[24] seq counter; KEYS[25..28] waiting bitmaps, slots 0..3 (enqueue.lua): a popped
+--          job's bit is cleared (one SETBIT per job; ids without a sequence number: none)
 -- ARGV[1]  how many jobs to pop (0 = maintenance only)
 -- ARGV[2]  lease in ms
 -- ARGV[3]  chunk: at most this many delayed and expired jobs are moved per call
@@ -53,6 +55,8 @@ local started = KEYS[20]
 local pending = KEYS[21]
 local cancel = KEYS[22]
 local done = KEYS[23]
+local seq = KEYS[24]
+local WAIT0 = 25  -- KEYS[WAIT0 + s] is the bitmap of slot s (0..3)
 
 local ISOLATE_AFTER = 2  -- recoveries after which a job runs alone, its start recorded
 
@@ -193,9 +197,9 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
           end
         else
           -- each malformed entry keeps its own record, even identical ones
-          local seq = redis.call('HINCRBY', stats, 'malformed', 1)
+          local nth = redis.call('HINCRBY', stats, 'malformed', 1)
           bury(dead, dead_jobs, now,
-            'raw-' .. string.sub(redis.sha1hex(e), 1, 20) .. '-' .. seq,
+            'raw-' .. string.sub(redis.sha1hex(e), 1, 20) .. '-' .. nth,
             'decode_error', 'malformed job header', e)
           out[7] = out[7] + 1
         end
@@ -205,7 +209,14 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   if #hargs > 0 then
     redis.call('HSET', inflight, unpack(hargs))
     redis.call('ZADD', reserved, unpack(zargs))
-    redis.call('HDEL', pending, unpack(ids))
+    if redis.call('HLEN', pending) > 0 then
+      redis.call('HDEL', pending, unpack(ids))
+    end
+    local top = seq_top(seq)
+    for _, id in ipairs(ids) do
+      local slot, off = wait_pos(top, seq_of(id))
+      if slot then redis.call('SETBIT', KEYS[WAIT0 + slot], off, 0) end
+    end
   end
   if dropped > 0 then
     redis.call('HINCRBY', stats, 'cancelled', dropped)

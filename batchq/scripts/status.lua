@@ -5,6 +5,7 @@
 -- KEYS[3]  dead:jobs hash: id -> dead record
 -- KEYS[4]  cancelled zset: id -> when it was cancelled
 -- KEYS[5]  cancel hash: cancelled ready jobs not popped yet
+-- KEYS[6]  seq counter; KEYS[7..10] waiting bitmaps, slots 0..3 (enqueue.lua)
 -- The key after those: the job's result key (KEYS[RESULTS + 1]).
 -- ARGV[1]  job id
 -- ARGV[2]  "1": also return the result value or the dead record
@@ -15,7 +16,9 @@ local inflight = KEYS[2]
 local dead_jobs = KEYS[3]
 local cancelled = KEYS[4]
 local cancel = KEYS[5]
-local RESULTS = 5  -- KEYS[RESULTS + 1] is the job's result key
+local seq = KEYS[6]
+local WAIT0 = 7  -- KEYS[WAIT0 + s] is the bitmap of slot s (0..3)
+local RESULTS = 10  -- KEYS[RESULTS + 1] is the job's result key
 
 local id = ARGV[1]
 local want = ARGV[2] == '1'
@@ -23,6 +26,10 @@ local v = redis.call('HGET', pending, id)
 if v then
   if v == 'r' then return {'ready'} end
   return {'delayed'}
+end
+local slot, off = wait_pos(seq_top(seq), seq_of(id))
+if slot and redis.call('GETBIT', KEYS[WAIT0 + slot], off) == 1 then
+  return {'ready'}
 end
 if redis.call('HEXISTS', inflight, id) == 1 then
   return {'reserved'}

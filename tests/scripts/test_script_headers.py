@@ -402,7 +402,8 @@ def test_library_alone_compiles(redis_client: redis.Redis):
 
 def named_keys(path: Path) -> dict[int, str]:
     """KEYS slot -> name, from the ``local NAME = KEYS[n]`` lines at the top of a script
-    (and ``local READY9 = n``: slots n..n+9 are ready9..ready0)."""
+    (and ``local READY9 = n``: slots n..n+9 are ready9..ready0; ``local WAIT0 = n``:
+    slots n..n+3 are waiting0..waiting3)."""
     out: dict[int, str] = {}
     for line in body_of(path).splitlines():
         m = re.match(r"local (\w+) = KEYS\[(\d+)\]\s*$", line)
@@ -412,6 +413,10 @@ def named_keys(path: Path) -> dict[int, str]:
         if m:
             first = int(m.group(1))
             out.update({first + i: f"ready{9 - i}" for i in range(10)})
+        m = re.match(r"local WAIT0 = (\d+)\b", line)  # slots n..n+3: waiting0..waiting3
+        if m:
+            first = int(m.group(1))
+            out.update({first + i: f"waiting{i}" for i in range(4)})
     return out
 
 
@@ -425,7 +430,7 @@ def test_builder_key_order_matches_the_script(path):
     body = "\n".join(line for line in body_of(path).splitlines()
                      if not re.match(r"local \w+ = KEYS\[\d+\]", line))
     # (ack_result.lua: KEYS[RESULTS + j], one result key per job, after the named ones)
-    assert re.findall(r"KEYS\[(?!READY9|RESULTS)", body) == []
+    assert re.findall(r"KEYS\[(?!READY9|RESULTS|WAIT0)", body) == []
     # and the header documents exactly the slots the builder fills
     documented: set[int] = set()
     for lo, hi in re.findall(r"\bKEYS\[(\d+)(?:\.\.(\d+))?\]", header_of(path)):
