@@ -175,12 +175,12 @@ class _Plan:
         return self.keys.ready_for(int(self.head[:1]))
 
     def entry(self, args: Any, kwargs: Mapping[str, Any], now_ms: int,
-              seq: int | None = None) -> tuple[str, bytes]:
-        jid = codec.new_id(self.ref, seq)
+              seq: Callable[[], int | None] | None = None) -> tuple[str, bytes]:
         due_ms = None
         if self.due is not None:
             due_ms = now_ms + self.due[1] if self.due[0] == "rel" else self.due[1]
         body = codec.encode_body(self.task, args, kwargs, now_ms, due_ms)
+        jid = codec.new_id(self.ref, seq() if seq else None)  # no number for a bad job
         e = b"%s%s:%s" % (self.head, jid.encode(), body)
         if len(e) > self.max_payload:
             raise PayloadTooLarge(
@@ -229,7 +229,7 @@ def _chunks(p: _Plan, items: Iterable[Any], seqs: Callable[[], int | None] | Non
     for n, item in enumerate(items, 1):
         args, kwargs = _split(item)
         try:
-            jid, e = p.entry(args, kwargs, now_ms, seqs() if seqs else None)
+            jid, e = p.entry(args, kwargs, now_ms, seqs)
         except (TypeError, ValueError) as exc:
             raise _at_item(exc, n - 1) from None
         ids.append(jid)
@@ -358,8 +358,8 @@ def _with_retry_sync(c: Clients, p: _Plan, entries: list[bytes]) -> None:
 
 
 def enqueue(c: Clients, p: _Plan, args: Any, kwargs: Mapping[str, Any]) -> str:
-    seq = SeqSource(c, p.keys)() if p.due is None else None
-    jid, e = p.entry(args, kwargs, int(time.time() * 1000), seq)
+    jid, e = p.entry(args, kwargs, int(time.time() * 1000),
+                     SeqSource(c, p.keys) if p.due is None else None)
     _with_retry_sync(c, p, [e])
     return jid
 
@@ -470,7 +470,7 @@ def _own_copy(exc: Exception, shared_by: int) -> Exception:
 
 async def aenqueue(c: Clients, p: _Plan, args: Any, kwargs: Mapping[str, Any]) -> str:
     runs = await areserve(c, p.keys, 1) if p.due is None else []
-    jid, e = p.entry(args, kwargs, int(time.time() * 1000), runs[0][0] if runs else None)
+    jid, e = p.entry(args, kwargs, int(time.time() * 1000), SeqSource(c, p.keys, runs))
     await coalescer(c).submit(c, p, e)
     return jid
 

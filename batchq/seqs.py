@@ -10,6 +10,7 @@ sequence number, it runs normally but ``cancel`` cannot reach it while it is rea
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from collections.abc import Iterator
@@ -33,6 +34,9 @@ assert MAX_BLOCK <= 1 << WAIT_GEN_BITS
 _lock = threading.Lock()
 # (url, seq key) -> [next, end, next block size]
 _blocks: dict[tuple[str, str], list[int]] = {}
+# (event loop, url, seq key) -> the reservation under way: the coroutines of one loop
+# wait for it in turn instead of each reserving (their jobs keep their order)
+_pending: dict[tuple[int, str, str], asyncio.Future[None]] = {}
 
 
 def _reset() -> None:
@@ -40,6 +44,7 @@ def _reset() -> None:
     global _lock
     _lock = threading.Lock()
     _blocks.clear()
+    _pending.clear()
 
 
 os.register_at_fork(after_in_child=_reset)
@@ -110,16 +115,27 @@ class SeqSource:
 async def areserve(c: Clients, k: QueueKeys, n: int) -> list[tuple[int, int]]:
     """Runs (first, count) covering up to ``n`` numbers (fewer if Redis failed)."""
     key = (c.settings.url, k.seq)
+    loop = asyncio.get_running_loop()
+    under_way = (id(loop), *key)
     out: list[tuple[int, int]] = []
     while n > 0:
         run = _take(key, n)
         if run is None:
-            size = _size(key, n)
+            other = _pending.get(under_way)
+            if other is not None:
+                await asyncio.shield(other)
+                continue
+            mine: asyncio.Future[None] = loop.create_future()
+            _pending[under_way] = mine
             try:
+                size = _size(key, n)
                 first = int(await c.async_scripts().call(calls.reserve(k, size)))
+                _store(key, first, size)
             except (redis.RedisError, OSError):
                 return out
-            _store(key, first, size)
+            finally:
+                del _pending[under_way]
+                mine.set_result(None)
             continue
         out.append(run)
         n -= run[1]
