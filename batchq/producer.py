@@ -365,7 +365,7 @@ def enqueue(c: Clients, p: _Plan, args: Any, kwargs: Mapping[str, Any]) -> str:
 
 
 def enqueue_many(c: Clients, p: _Plan, items: Iterable[Any]) -> list[str]:
-    st = _Stream(p, SeqSource(c, p.keys))
+    st = _Stream(p, SeqSource(c, p.keys, want=CHUNK))
     for single, rest in st.steps(items):
         if single is not None:
             try:

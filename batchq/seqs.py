@@ -79,9 +79,11 @@ def _store(key: tuple[str, str], first: int, size: int) -> None:
 class SeqSource:
     """Hands out numbers one by one, reserving blocks synchronously as needed."""
 
-    def __init__(self, c: Clients, k: QueueKeys, runs: list[tuple[int, int]] | None = None
-                 ) -> None:
-        self._c, self._k = c, k
+    def __init__(self, c: Clients, k: QueueKeys, runs: list[tuple[int, int]] | None = None,
+                 want: int = 1) -> None:
+        # want: how many numbers to take from the process's block at a time (the ones a
+        # call leaves unused are lost: 0 bits)
+        self._c, self._k, self._want = c, k, want
         self._key = (c.settings.url, k.seq)
         self._runs: Iterator[tuple[int, int]] = iter(runs or ())
         self._sync = runs is None
@@ -97,10 +99,10 @@ class SeqSource:
     def _refill(self) -> bool:
         run = next(self._runs, None)
         for _ in range(3 if run is None and self._sync else 0):
-            run = _take(self._key, MAX_BLOCK)
+            run = _take(self._key, self._want)
             if run is not None:
                 break
-            size = _size(self._key, 1)
+            size = _size(self._key, self._want)
             try:
                 first = int(self._c.sync_scripts.call(calls.reserve(self._k, size)))
             except (redis.RedisError, OSError):

@@ -238,3 +238,29 @@ def test_cancel_races_a_fleet_popping(app: batchq.App, workers: WorkerProcs, log
     assert set(runs) | won == {f"t{i}" for i in range(n)}, "a job neither ran nor was cancelled"
     assert len(won) < n, "no job ran"
     assert app.redis.hlen(app.keys(QUEUE).cancel) == 0  # every tombstone was used
+
+
+def test_ready_jobs_of_every_enqueue_path_are_found_and_cancelled(app: batchq.App,
+                                                                  redis_client: redis.Redis):
+    # the ready-job bitmap (T:waiting*): enqueue, enqueue_many, aenqueue, aenqueue_many
+    sq = app.tasks["square"]
+
+    async def both() -> list[str]:
+        return [await sq.aenqueue(1), *(await sq.aenqueue_many(range(300)))]
+
+    ids = [sq.enqueue(1), *sq.enqueue_many(range(1500)), *asyncio.run(both())]
+    assert all(codec.seq_of(j) is not None for j in ids)
+    assert len({codec.seq_of(j) for j in ids}) == len(ids)
+    k = app.keys(QUEUE)
+    assert not redis_client.exists(k.pending)  # no per-job field for ready jobs
+    picks = random.Random(7).sample(ids, 40)
+    assert all(app.job_status(j) == "ready" for j in picks)
+    assert all(app.cancel(j) for j in picks[:20])
+    assert not any(app.cancel(j) for j in picks[:20])  # once only
+    assert all(app.job_status(j) == "cancelled" for j in picks[:20])
+    assert all(app.job_status(j) == "ready" for j in picks[20:])
+    # a delayed job has no number: found through the pending hash
+    later = sq.options(delay_s=60).enqueue(2)
+    assert codec.seq_of(later) is None
+    assert app.job_status(later) == "delayed"
+    assert app.cancel(later) and app.job_status(later) == "cancelled"
