@@ -22,20 +22,33 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/mypy --strict batchq
 
-# promtool + prometheus (Debian package `prometheus`) for tests/ops. Installed only when
-# missing and possible (apt-get, as root or with password-less sudo); never fails the
-# build: without them the promtool and live-Prometheus tests skip.
+# Debian packages the tests use, each installed only when its command is missing and
+# apt-get can (as root or with password-less sudo); never fails the build: without them
+# the tests that need them skip with a message saying so.
+#   prometheus (promtool + prometheus): tests/ops
+#   chromium + chromium-driver (/usr/bin/chromedriver): the browser tests of tests/web
+TOOL_PACKAGES = prometheus:promtool:prometheus chromium:chromium chromium-driver:chromedriver
+
 tools:
-	@if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1; then \
+	@missing=; \
+	for spec in $(TOOL_PACKAGES); do \
+	  pkg=$${spec%%:*}; cmds=$${spec#*:}; \
+	  for c in $$(echo $$cmds | tr : ' '); do \
+	    command -v $$c >/dev/null 2>&1 || { missing="$$missing $$pkg"; break; }; \
+	  done; \
+	done; \
+	if [ -z "$$missing" ]; then \
 	  :; \
 	elif command -v apt-get >/dev/null 2>&1; then \
-	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO="sudo -n"; \
-	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1 \
-	  || { $$SUDO apt-get update >/dev/null 2>&1 && \
-	       $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1; } \
-	  || echo "make tools: could not install prometheus; tests/ops promtool/live tests will skip" >&2; \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO="sudo -n"; updated=; \
+	  for pkg in $$missing; do \
+	    $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$pkg >/dev/null 2>&1 \
+	    || { [ -z "$$updated" ] && updated=1 && $$SUDO apt-get update >/dev/null 2>&1 && \
+	         $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$pkg >/dev/null 2>&1; } \
+	    || echo "make tools: could not install $$pkg; the tests that need it will skip" >&2; \
+	  done; \
 	else \
-	  echo "make tools: no apt-get; install promtool and prometheus to run all of tests/ops" >&2; \
+	  echo "make tools: no apt-get; install$$missing to run all of tests/ops and tests/web" >&2; \
 	fi
 
 test: lint tools

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from .app import App
+from .campaign import Campaign, CampaignStats
 from .codec import Job
 from .errors import (
     BatchqError,
+    CampaignClosed,
+    CampaignNotFound,
     EnqueueError,
     JobCancelled,
     JobDead,
@@ -14,6 +17,7 @@ from .errors import (
     PayloadTooLarge,
     Retry,
 )
+from .load import CurrentJob, current_job
 from .lock import Lock
 from .periodic import Schedule, periodic_status, run_scheduler
 from .producer import Call, call
@@ -27,6 +31,11 @@ __all__ = [
     "App",
     "BatchqError",
     "Call",
+    "Campaign",
+    "CampaignClosed",
+    "CampaignNotFound",
+    "CampaignStats",
+    "CurrentJob",
     "DeadJob",
     "DeadRetention",
     "EnqueueError",
@@ -49,6 +58,7 @@ __all__ = [
     "WorkerSettings",
     "__version__",
     "call",
+    "current_job",
     "periodic_status",
     "run_scheduler",
     "run_worker",

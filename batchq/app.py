@@ -15,7 +15,9 @@ from typing import Any, ParamSpec, TypeVar, overload
 import redis
 from redis.asyncio import Redis as AsyncRedis
 
+from . import campaign as campaigns_
 from . import producer, results
+from .campaign import DEFAULT_CAMPAIGN_TTL_S, Campaign, CampaignStats
 from .clients import Clients
 from .codec import Job
 from .connection import RedisSettings, redact, resolve_url
@@ -103,6 +105,7 @@ class App:
         retry_backoff_s: float = 1.0,
         retry_backoff_max_s: float = 300.0,
         result_ttl_s: float | None = None,
+        key_ttl_s: float = ...,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     @overload
@@ -120,6 +123,7 @@ class App:
         retry_backoff_s: float = 1.0,
         retry_backoff_max_s: float = 300.0,
         result_ttl_s: None = None,
+        key_ttl_s: float = ...,
     ) -> Callable[[Callable[[list[Job]], Any]], Task[..., Any]]: ...
 
     def task(self, fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
@@ -248,3 +252,20 @@ class App:
                             grace_s=grace_s)
 
         return decorate
+
+    # --- campaigns (batchq/campaign.py) ----------------------------------------------
+
+    def campaign(self, campaign_id: str | None = None, *,
+                 on_complete: Task[..., Any] | None = None,
+                 campaign_ttl_s: float = DEFAULT_CAMPAIGN_TTL_S) -> Campaign:
+        """The campaign ``campaign_id``, created unless it exists (a new id when None;
+        an existing campaign keeps its settings). ``on_complete(campaign_id,
+        stats_dict)`` is enqueued exactly once when it is sealed and nothing is pending;
+        its record is kept ``campaign_ttl_s`` after that. Use as ``with
+        app.campaign(...) as c:`` to seal on a clean exit."""
+        cid = campaigns_.create(self.clients, campaign_id, on_complete, campaign_ttl_s)
+        return Campaign(self.clients, cid)
+
+    def campaigns(self, limit: int = 100) -> list[CampaignStats]:
+        """The newest ``limit`` campaigns whose records are kept, newest first."""
+        return list(campaigns_.list_stats(self.clients, limit))

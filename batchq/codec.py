@@ -152,6 +152,11 @@ _reseed()
 os.register_at_fork(after_in_child=_reseed)
 
 
+TRACKED_MARK = "_m"
+"""The end of a tracked job's id (``tracked.TRACKED_SUFFIX``): ``<ref><13 random>`` then
+``-<hex seq>`` (ready) or a hex counter (delayed), then this mark."""
+
+
 def new_id(ref: str = "0000", seq: int | None = None) -> str:
     """A new job id: the queue reference ``ref``, 13 random base-62 characters, then
     ``-`` and the hex sequence number ``seq`` (see ``seqs``), or a hex counter when the
@@ -164,8 +169,10 @@ def new_id(ref: str = "0000", seq: int | None = None) -> str:
 def seq_of(job_id: str) -> int | None:
     """The sequence number in an id made by ``new_id(ref, seq)``, else None."""
     if len(job_id) > REF_LEN + 14 and job_id[REF_LEN + 13] == "-":
+        # a tracked job (campaign or dedup key) carries its mark after the number
+        end = -len(TRACKED_MARK) if job_id.endswith(TRACKED_MARK) else None
         try:
-            return int(job_id[REF_LEN + 14:], 16)
+            return int(job_id[REF_LEN + 14:end], 16)
         except ValueError:
             return None
     return None

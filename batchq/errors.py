@@ -82,3 +82,21 @@ class LockLost(BatchqError):
     def __init__(self, name: str, message: str) -> None:
         super().__init__(message)
         self.name = name
+
+
+class CampaignClosed(BatchqError):
+    """Jobs were added to a campaign that is sealed or cancelled (``campaign`` names it);
+    nothing of that call was written."""
+
+    def __init__(self, campaign: str, message: str) -> None:
+        super().__init__(message)
+        self.campaign = campaign
+
+
+class CampaignNotFound(BatchqError, LookupError):
+    """No campaign has this id (never created, or its record expired)."""
+
+    def __init__(self, campaign: str) -> None:
+        super().__init__(f"no campaign {campaign!r} (never created, or finished more than "
+                         "campaign_ttl_s ago); create it with app.campaign(...)")
+        self.campaign = campaign

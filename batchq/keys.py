@@ -42,6 +42,20 @@ Layout of one queue ``Q`` in namespace ``NS`` (``T`` = ``NS:{NS:Q}``)::
                                    ``result_ttl_s``, expiring after it (ack_result.lua)
     T:done:<id>              pub/sub channel (not a key): the scripts publish "s"
                                    (succeeded), "d" (dead) or "c" (cancelled) on it
+    T:campaigns              hash  per campaign C with jobs on this queue: "C:f" its flag
+                                   here (open, sealed, cancelled, done) and its counters
+                                   "C:t" total, "C:p" pending, "C:s" succeeded, "C:d" dead,
+                                   "C:c" cancelled; "~cancelled" campaigns cancelled here
+                                   (campaign.py)
+    T:jobmeta                hash  id -> "<campaign>\n<key ttl ms>\n<dedup key>" of a
+                                   tracked job (id ends in "_m") until it is settled; its
+                                   presence is the job's campaign membership (counted once)
+    T:dedup                  hash  dedup key -> id of the job that holds it
+    T:dedup:exp              zset  dedup key -> when it lapses (ms): set when its job is
+                                   settled; a pending key has no entry and never lapses
+
+A campaign's own record lives in its own slot (``campaign_keys``), so a campaign may span
+queues on several Cluster nodes; see ``batchq/campaign.py``.
 """
 
 from __future__ import annotations
@@ -91,6 +105,10 @@ class QueueKeys:
     stats: str = field(init=False)
     recovered: str = field(init=False)
     started: str = field(init=False)
+    campaigns: str = field(init=False)
+    jobmeta: str = field(init=False)
+    dedup: str = field(init=False)
+    dedup_exp: str = field(init=False)
     periodic: str = field(init=False)
     pending: str = field(init=False)
     cancel: str = field(init=False)
@@ -127,9 +145,10 @@ class QueueKeys:
         for name in ("delayed", "reserved", "inflight", "dead", "wake", "paused", "stats",
                      "recovered", "started", "periodic", "pending", "cancel", "cancelled",
                      "done", "seq", "waiting0", "waiting1", "waiting2", "waiting3",
-                     "waiters"):
+                     "waiters", "campaigns", "jobmeta", "dedup"):
             object.__setattr__(self, name, f"{p}:{name}")
         object.__setattr__(self, "dead_jobs", f"{p}:dead:jobs")
+        object.__setattr__(self, "dedup_exp", f"{p}:dedup:exp")
 
     def ready_for(self, priority: int) -> str:
         """The ready list of one priority level."""
@@ -156,6 +175,10 @@ class QueueKeys:
             self.waiting1,
             self.waiting2,
             self.waiting3,
+            self.campaigns,
+            self.jobmeta,
+            self.dedup,
+            self.dedup_exp,
         )
 
     def result(self, job_id: str) -> str:
@@ -185,3 +208,54 @@ def lock_keys(namespace: str, name: str) -> LockKeys:
                          "braces or white space")
     prefix = f"{namespace}:{{{namespace}:lock:{name}}}"
     return LockKeys(f"{prefix}:token", f"{prefix}:fence")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadKeys:
+    """The keys of one load-test run (``batchq bench load``), under the run's own hash
+    tag ``{NS:load:RUN}``; all expire (``batchq.load.merge.RUN_TTL_S``)."""
+
+    meta: str
+    """Hash: the run's description (task, profile, start) and status (``load_open.lua``)."""
+    sum: str
+    """Hash: totals merged by every producer and worker (``load_merge.lua``)."""
+    timeline: str
+    """Hash: per-second figures, ``<unix second>:<figure>`` (``load_merge.lua``)."""
+
+
+def load_keys(namespace: str, run_id: str) -> LoadKeys:
+    """Key names of load-test run ``run_id``; ``ValueError`` for an id a key cannot carry."""
+    if not isinstance(run_id, str) or not 0 < len(run_id) <= 64 \
+            or not all(c.isalnum() or c in "-_." for c in run_id):
+        raise ValueError(f"invalid load run id {run_id!r}: use 1..64 letters, digits, "
+                         "'-', '_' or '.'")
+    prefix = f"{namespace}:{{{namespace}:load:{run_id}}}"
+    return LoadKeys(f"{prefix}:meta", f"{prefix}:sum", f"{prefix}:timeline")
+
+
+def campaigns_key(namespace: str) -> str:
+    """Zset of campaign ids by creation time (ms): ``app.campaigns()`` and the CLI."""
+    return f"{namespace}:campaigns"
+
+
+def campaigns_open_key(namespace: str) -> str:
+    """Zset of sealed campaigns not yet completed, scored by when a worker should look at
+    them again (ms): the safety net of ``campaign.check_open``."""
+    return f"{namespace}:campaigns:open"
+
+
+@dataclass(frozen=True, slots=True)
+class CampaignKeys:
+    """The keys of one campaign, in the campaign's own hash tag (one slot, any node)."""
+
+    record: str
+    """Hash: created_ms, sealed, cancelled, closed, finished_ms, notified, on_complete
+    (task name, queue, priority, max attempts), and the final counts once finished."""
+    queues: str
+    """Set of the queue names the campaign's jobs were written to."""
+
+
+def campaign_keys(namespace: str, campaign_id: str) -> CampaignKeys:
+    """Key names of campaign ``campaign_id`` (validated by ``campaign.check_id``)."""
+    prefix = f"{namespace}:{{{namespace}:campaign:{campaign_id}}}"
+    return CampaignKeys(prefix, f"{prefix}:queues")

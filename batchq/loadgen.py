@@ -11,6 +11,11 @@ of every send (actual minus intended) is recorded on its own.
 sub-buckets per power of two (relative error below 0.8 %), sparse, mergeable and
 serialisable, so millions of samples cost a few kilobytes.
 
+A ``Profile`` is the offered rate over time, piecewise linear: constant, steps or a
+ramp. Job ``i`` is due when the profile's cumulative count reaches ``i`` (closed form,
+no drift). A schedule can be split between ``parts`` producers (part ``k`` sends jobs
+``k, k + parts, ...``) and stopped early (``LoadState.stopped``).
+
 This module imports nothing outside the standard library at module level: the benchmark
 harness loads it by path into other interpreters (the peer queues' virtualenvs) that
 do not have batchq installed. ``batchq bench load`` (``batchq.cli_bench``) drives it
@@ -30,6 +35,7 @@ __all__ = [
     "PERCENTILES",
     "Histogram",
     "LoadState",
+    "Profile",
     "aopen_loop",
     "open_loop",
     "percentile_keys",
@@ -139,6 +145,22 @@ class Histogram:
                 "sum_us": self.sum_us, "buckets": {str(i): c for i, c in self.counts.items()}}
 
     @classmethod
+    def from_buckets(cls, counts: dict[int, int], max_us: int | None = None,
+                     sum_us: int = 0) -> Histogram:
+        """A histogram from bucket counts alone (merged elsewhere): the minimum is its
+        lowest bucket's lower bound, the maximum ``max_us`` or its highest bucket's upper
+        bound."""
+        h = cls()
+        h.counts = {i: c for i, c in counts.items() if c > 0}
+        h.count = sum(h.counts.values())
+        if h.count:
+            h.min_us = _bounds(min(h.counts))[0]
+            top = _bounds(max(h.counts))[1]
+            h.max_us = top if max_us is None else min(max_us, top)
+            h.sum_us = sum_us
+        return h
+
+    @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Histogram:
         h = cls()
         h.count = int(data["count"])
@@ -147,6 +169,104 @@ class Histogram:
         h.sum_us = int(data["sum_us"])
         h.counts = {int(i): int(c) for i, c in data["buckets"].items()}
         return h
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The offered rate over time: segments ``(seconds, rate at start, rate at end)``
+    with the rate linear within each (constant: equal ends)."""
+
+    segments: tuple[tuple[float, float, float], ...]
+
+    def __post_init__(self) -> None:
+        if not self.segments:
+            raise ValueError("a rate profile needs at least one segment")
+        for d, r0, r1 in self.segments:
+            if not (math.isfinite(d) and d > 0):
+                raise ValueError(f"a profile segment lasts a positive time, got {d!r} s")
+            if not (math.isfinite(r0) and math.isfinite(r1)) or r0 < 0 or r1 < 0:
+                raise ValueError(f"rates are finite and not negative, got {r0!r}:{r1!r}")
+        if self.total < 1:
+            raise ValueError("the profile sends no job (rate times duration is below 1)")
+
+    @classmethod
+    def constant(cls, rate: float, duration_s: float) -> Profile:
+        if not rate > 0:
+            raise ValueError(f"rate must be positive, got {rate!r}")
+        return cls(((duration_s, rate, rate),))
+
+    @classmethod
+    def steps(cls, rates: Sequence[float], step_s: float) -> Profile:
+        if any(not r > 0 for r in rates):
+            raise ValueError(f"every step rate must be positive, got {list(rates)!r}")
+        return cls(tuple((step_s, r, r) for r in rates))
+
+    @classmethod
+    def ramp(cls, start: float, end: float, duration_s: float) -> Profile:
+        return cls(((duration_s, start, end),))
+
+    @property
+    def duration_s(self) -> float:
+        return sum(d for d, _, _ in self.segments)
+
+    @property
+    def boundaries_s(self) -> list[float]:
+        """Start offsets of every segment after the first (the steps, for plots)."""
+        out, t = [], 0.0
+        for d, _, _ in self.segments[:-1]:
+            t += d
+            out.append(t)
+        return out
+
+    def _cum(self) -> list[float]:
+        out, c = [0.0], 0.0
+        for d, r0, r1 in self.segments:
+            c += (r0 + r1) / 2 * d
+            out.append(c)
+        return out
+
+    @property
+    def total(self) -> int:
+        """Jobs in the schedule: those due before its end."""
+        return int(self._cum()[-1] + 1e-9)
+
+    @property
+    def mean_rate(self) -> float:
+        return self.total / self.duration_s
+
+    def rate_at(self, t: float) -> float:
+        for d, r0, r1 in self.segments:
+            if t < d:
+                return r0 + (r1 - r0) * max(0.0, t) / d
+            t -= d
+        return self.segments[-1][2]
+
+    def count_at(self, t: float) -> float:
+        """The cumulative (fractional) number of jobs due by ``t`` s after the start."""
+        c = 0.0
+        for d, r0, r1 in self.segments:
+            if t < d:
+                tau = max(0.0, t)
+                return c + r0 * tau + (r1 - r0) / (2 * d) * tau * tau
+            c += (r0 + r1) / 2 * d
+            t -= d
+        return c
+
+    def time_of(self, i: int) -> float:
+        """Seconds after the start at which job ``i`` (from 0) is due."""
+        start, c = 0.0, 0.0
+        for d, r0, r1 in self.segments:
+            step = (r0 + r1) / 2 * d
+            if i < c + step:
+                x = i - c
+                if x <= 0:
+                    return start
+                a = (r1 - r0) / (2 * d)
+                # the root of a tau^2 + r0 tau = x in its stable form (any sign of a)
+                return start + 2 * x / (r0 + math.sqrt(max(0.0, r0 * r0 + 4 * a * x)))
+            c += step
+            start += d
+        return start
 
 
 @dataclass
@@ -165,9 +285,21 @@ class LoadState:
     lateness: Histogram = field(default_factory=Histogram)
     """Actual minus intended send time of every job sent."""
     finished: bool = False
+    stopped: bool = False
+    """Set to end the schedule early (an abort): no job is sent after it is set."""
+    profile: Profile | None = None
+    """The offered rate over time (None: constant ``rate`` for ``duration_s``)."""
+    part: int = 0
+    parts: int = 1
+    """This producer sends the jobs ``part, part + parts, ...`` of the profile."""
+
+    def global_index(self, i: int) -> int:
+        return self.part + i * self.parts
 
     def intended_s(self, i: int) -> float:
-        return self.start_s + i / self.rate
+        if self.profile is None:
+            return self.start_s + i / self.rate
+        return self.start_s + self.profile.time_of(self.global_index(i))
 
     @property
     def achieved_rate(self) -> float:
@@ -189,18 +321,33 @@ class LoadState:
 
 
 def _plan(rate: float, duration_s: float, lead_s: float,
-          clock: Callable[[], float]) -> LoadState:
-    if rate <= 0 or duration_s <= 0:
-        raise ValueError("rate and duration must be positive")
-    st = LoadState(rate=rate, duration_s=duration_s)
-    st.total = max(1, int(rate * duration_s))
-    st.start_s = clock() + lead_s
+          clock: Callable[[], float], profile: Profile | None = None,
+          part: tuple[int, int] = (0, 1), start_s: float | None = None) -> LoadState:
+    k, n = part
+    if not 0 <= k < n:
+        raise ValueError(f"part {k} of {n}: need 0 <= part < parts")
+    if profile is None:
+        if rate <= 0 or duration_s <= 0:
+            raise ValueError("rate and duration must be positive")
+        if n > 1:
+            profile = Profile.constant(rate, duration_s)
+    else:
+        rate, duration_s = profile.mean_rate, profile.duration_s
+    st = LoadState(rate=rate, duration_s=duration_s, profile=profile, part=k, parts=n)
+    everything = profile.total if profile is not None else max(1, int(rate * duration_s))
+    st.total = max(0, -(-(everything - k) // n))
+    st.start_s = start_s if start_s is not None else clock() + lead_s
     return st
 
 
 def _due(st: LoadState, now: float, max_batch: int) -> int:
     """How many of the next jobs are due at ``now`` (at most ``max_batch``)."""
-    due = min(st.total, math.floor((now - st.start_s) * st.rate) + 1)
+    if st.profile is None:
+        due = min(st.total, math.floor((now - st.start_s) * st.rate) + 1)
+    else:
+        everything = math.floor(st.profile.count_at(now - st.start_s) + 1e-9) + 1 \
+            if now >= st.start_s else 0
+        due = min(st.total, max(0, -(-(everything - st.part) // st.parts)))
     return max(0, min(due - st.sent - st.errors, max_batch))
 
 
@@ -238,7 +385,7 @@ def _schedule(st: LoadState, clock: Callable[[], float], max_batch: int
     """The open-loop schedule without I/O: yields what to do next (wait, or send these
     jobs) and takes back the send's exception (None when it went through). Both shells,
     ``open_loop`` and ``aopen_loop``, drive it."""
-    while st.sent + st.errors < st.total:
+    while st.sent + st.errors < st.total and not st.stopped:
         now = clock()
         n = _due(st, now, max_batch)
         if n == 0:
@@ -261,9 +408,11 @@ def _step(steps: Generator[_Wait | _Send, BaseException | None, None],
 
 
 def _start(rate: float, duration_s: float, lead_s: float, state: LoadState | None,
-           clock: Callable[[], float]) -> LoadState:
-    st = _plan(rate, duration_s, lead_s, clock)
+           clock: Callable[[], float], profile: Profile | None = None,
+           part: tuple[int, int] = (0, 1), start_s: float | None = None) -> LoadState:
+    st = _plan(rate, duration_s, lead_s, clock, profile, part, start_s)
     if state is not None:
+        st.stopped = state.stopped
         state.__dict__.update(st.__dict__)
         st = state
     return st
@@ -278,8 +427,15 @@ async def aopen_loop(
     lead_s: float = 0.05,
     state: LoadState | None = None,
     clock: Callable[[], float] = time.time,
+    profile: Profile | None = None,
+    part: tuple[int, int] = (0, 1),
+    start_s: float | None = None,
 ) -> LoadState:
     """Send ``rate * duration_s`` jobs on an open-loop schedule (asyncio).
+
+    With a ``profile`` its rates and duration replace ``rate`` and ``duration_s``;
+    ``part`` ``(k, n)`` sends only the jobs ``k, k + n, ...``; ``start_s`` fixes the
+    first intended send (Unix seconds; else ``lead_s`` from now).
 
     ``send(intended, sent_at)`` writes one job per intended time (Unix seconds) and
     ``sent_at`` is when this call began. Jobs that fell due while a send was in
@@ -287,9 +443,9 @@ async def aopen_loop(
     send that raises counts its jobs as errors; the schedule goes on. Pass ``state``
     (from ``LoadState``-creating code) to read progress live.
     """
-    st = _start(rate, duration_s, lead_s, state, clock)
+    st = _start(rate, duration_s, lead_s, state, clock, profile, part, start_s)
     # below ~1,000 jobs/s a send is rare enough to block the loop for its last stretch
-    precise = rate <= 1000
+    precise = st.rate / st.parts <= 1000
     steps = _schedule(st, clock, max_batch)
     step = _step(steps, None)
     while step is not None:

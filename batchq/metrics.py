@@ -29,21 +29,27 @@ from collections.abc import Iterable, Iterator
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import stats
+from . import periodic, stats
 from .clients import Clients
 
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
 
+    from .task import Task
+
 
 class HasClients(Protocol):
-    """What the metrics need of an app (``App`` is one)."""
+    """What the metrics need of an app (``App`` is one): its clients, namespace and
+    tasks (the periodic ones' schedules)."""
 
     @property
     def clients(self) -> Clients: ...
 
     @property
     def namespace(self) -> str: ...
+
+    @property
+    def tasks(self) -> dict[str, Task[..., Any]]: ...
 
 log = logging.getLogger("batchq.metrics")
 
@@ -204,7 +210,8 @@ def bump(d: dict[Any, int], key: Any, n: int = 1) -> None:
 
 
 class QueueCollector:
-    """Queue depths, ages and enqueue counts, read from Redis once per scrape.
+    """Queue depths, ages and enqueue counts, read from Redis once per scrape, and the
+    periodic tasks' last and next runs (``periodic.periodic_metrics``).
 
     Never drops a scrape over data: a malformed name in the registry of queues is
     skipped and counted (``batchq_queue_names_malformed``), and a ready list whose head
@@ -266,6 +273,12 @@ class QueueCollector:
             for outcome in ("succeeded", "dead", "retried"):
                 done.add_metric([name, outcome], snap.outcomes[outcome])
         yield from (jobs, age, lag, paused, malformed, enq, done, bad_names, up)
+        try:  # the periodic tasks' last and next runs; never at the cost of the above
+            fams = periodic.periodic_metrics(self.app)
+        except Exception as exc:
+            log.warning("cannot read the periodic tasks' metrics from Redis: %s", exc)
+        else:
+            yield from fams
 
 
 class SupervisorCollector:
@@ -318,6 +331,39 @@ def write_supervisor_state(directory: str, processes: int, restarts: dict[str, i
     os.replace(tmp, path)
 
 
+class CampaignCollector:
+    """Jobs by campaign and state (total, pending, succeeded, dead, cancelled) for
+    campaigns running or finished in the last hour: at most ``CAMPAIGN_SERIES`` of them,
+    so the label set stays bounded whatever the producers do."""
+
+    def __init__(self, app: HasClients) -> None:
+        self.app = app
+
+    def collect(self) -> Iterable[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        from . import campaign
+
+        jobs = GaugeMetricFamily("batchq_campaign_jobs", "Jobs of a campaign by state",
+                                 labels=["campaign", "state"])
+        done = GaugeMetricFamily("batchq_campaign_done", "1 once the campaign completed",
+                                 labels=["campaign"])
+        try:
+            recent = campaign.recent(self.app.clients, limit=CAMPAIGN_SERIES)
+        except Exception as exc:  # the queue gauges still answer
+            log.warning("cannot read campaign metrics from Redis: %s", exc)
+            return
+        for st in recent:
+            for state in ("total", "pending", "succeeded", "dead", "cancelled"):
+                jobs.add_metric([st.id, state], getattr(st, state))
+            done.add_metric([st.id], 1 if st.done else 0)
+        yield from (jobs, done)
+
+
+CAMPAIGN_SERIES = 50
+"""Campaigns exported at most (each: 5 job series and a done flag)."""
+
+
 def build_registry(app: HasClients, multiproc_dir: str | None) -> Any:
     """A registry for one scrape: process metrics (multiprocess-aggregated when a
     directory is given), queue state from Redis, supervisor counts, build info."""
@@ -325,7 +371,8 @@ def build_registry(app: HasClients, multiproc_dir: str | None) -> Any:
     from prometheus_client import multiprocess as mp
 
     registry = CollectorRegistry()
-    collectors: list[Collector] = [QueueCollector(app), BuildInfoCollector()]
+    collectors: list[Collector] = [QueueCollector(app), CampaignCollector(app),
+                                   BuildInfoCollector()]
     if multiproc_dir:
         mp.MultiProcessCollector(registry, path=multiproc_dir)  # type: ignore[no-untyped-call]
         collectors.append(SupervisorCollector(os.path.join(multiproc_dir, SUPERVISOR_FILE)))

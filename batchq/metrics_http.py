@@ -16,7 +16,6 @@ import logging
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 
@@ -193,20 +192,3 @@ def serve_in_thread(app: HasClients, addr: str, port: int) -> MetricsServer | No
     threading.Thread(target=server.serve_forever, name="batchq-metrics", daemon=True).start()
     log.info("metrics on http://%s:%d/metrics", addr, server.server_address[1])
     return server
-
-
-def serve_forever_child(app: HasClients, addr: str, port: int, multiproc_dir: str,
-                        parent_pid: int) -> int:
-    """Body of the supervisor's metrics process; returns when the supervisor is gone."""
-    try:
-        server = make_server(app, addr, port, multiproc_dir=multiproc_dir,
-                             parent_pid=parent_pid)
-    except OSError as exc:
-        log.error("metrics server cannot listen on %s:%d: %s", addr, port, exc)
-        return 1
-    log.info("metrics on http://%s:%d/metrics", addr, server.server_address[1])
-    threading.Thread(target=server.serve_forever, name="batchq-metrics", daemon=True).start()
-    while os.getppid() == parent_pid:
-        time.sleep(1.0)
-    server.shutdown()
-    return 0

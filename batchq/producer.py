@@ -18,7 +18,6 @@ takes the app's ``Clients`` and never imports ``app``.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -28,12 +27,24 @@ from typing import Any, Protocol
 import redis
 import redis.asyncio
 
-from . import codec
+from . import codec, tracked
 from .clients import Clients
-from .errors import EnqueueError, PayloadTooLarge
-from .keys import MAX_PRIORITY, QueueKeys
+from .errors import CampaignClosed, EnqueueError, PayloadTooLarge
+from .keys import QueueKeys
+from .options import (
+    MAX_DELAY_S,
+    Call,
+    EnqueueOptions,
+    _check_queue,
+    _check_seconds,
+    call,
+    eta_seconds,
+)
 from .scripts import arun_pipeline, calls, run_pipeline
 from .seqs import SeqSource, areserve, entry_runs
+
+__all__ = ["MAX_DELAY_S", "Call", "EnqueueOptions", "KeyFn", "aenqueue", "aenqueue_many",
+           "call", "enqueue", "enqueue_many", "eta_seconds", "plan"]
 
 CHUNK = 1000
 """Jobs per script call (Lua's unpack limit is about 8000 arguments)."""
@@ -51,51 +62,6 @@ a write to a reset connection raises RuntimeError), or a Redis Cluster slot movi
 script did not run)."""
 
 
-MAX_DELAY_S = 100 * 365 * 86400
-"""The longest ``delay_s`` accepted (about 100 years): due times stay exact integers in
-the scripts' arithmetic and a typo (``delay_s=1e30``) is caught at enqueue."""
-
-MAX_ETA_S = 253402300799
-"""The latest ``eta`` accepted (Unix seconds): the end of year 9999, as ``datetime``."""
-
-
-def _check_seconds(name: str, value: object, hi: float) -> float:
-    """A finite, non-negative number of seconds up to ``hi``, or an error naming it."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__} "
-                        f"{value!r}")
-    if not math.isfinite(value) or not 0 <= value <= hi:
-        raise ValueError(f"{name} must be a finite number of seconds in 0..{hi:g}, got "
-                         f"{value!r}")
-    return float(value)
-
-
-def _check_queue(name: str, value: object) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str, got {type(value).__name__} {value!r}")
-    try:
-        QueueKeys("_", value)
-    except ValueError as exc:
-        raise ValueError(f"{name}: {exc}") from None
-    return value
-
-
-def eta_seconds(eta: object) -> float:
-    """``eta`` (a ``datetime``, naive meaning local time, or Unix seconds) as Unix
-    seconds; a clear error for anything else (a string, nan, a year past 9999)."""
-    if isinstance(eta, datetime):
-        try:
-            ts = eta.timestamp()
-        except (OverflowError, ValueError, OSError) as exc:
-            raise ValueError(f"eta {eta!r} cannot be turned into a time: {exc}") from None
-    elif isinstance(eta, bool) or not isinstance(eta, int | float):
-        raise TypeError(f"eta must be a datetime or Unix seconds (int or float), got "
-                        f"{type(eta).__name__} {eta!r}")
-    else:
-        ts = float(eta)
-    return _check_seconds("eta", ts, MAX_ETA_S)
-
-
 class _PlanSource(Protocol):
     """What ``plan`` needs: key names and the payload limit (``Clients``; an ``App``)."""
 
@@ -103,60 +69,6 @@ class _PlanSource(Protocol):
     def max_payload_bytes(self) -> int: ...
 
     def keys(self, queue: str) -> QueueKeys: ...
-
-
-class Call:
-    """Positional and keyword arguments of one job, for ``enqueue_many``."""
-
-    __slots__ = ("args", "kwargs")
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.args = args
-        self.kwargs = kwargs
-
-
-def call(*args: Any, **kwargs: Any) -> Call:
-    """One job's arguments for ``enqueue_many`` when it needs both args and kwargs."""
-    return Call(*args, **kwargs)
-
-
-@dataclass(frozen=True)
-class EnqueueOptions:
-    """Per-enqueue choices; ``None`` means the task's default."""
-
-    queue: str | None = None
-    priority: int | None = None
-    max_attempts: int | None = None
-    delay_s: float | None = None
-    eta: datetime | float | None = None
-
-    def __post_init__(self) -> None:
-        # every check names the option: a wrong value must never reach the worker
-        if self.queue is not None:
-            _check_queue("queue", self.queue)
-        if self.priority is not None:
-            codec.check_int("priority", self.priority, 0, MAX_PRIORITY)
-        if self.max_attempts is not None:
-            codec.check_int("max_attempts", self.max_attempts, 1, codec.MAX_ATTEMPTS)
-        if self.delay_s is not None and self.eta is not None:
-            raise ValueError("give delay_s or eta, not both")
-        if self.delay_s is not None:
-            _check_seconds("delay_s", self.delay_s, MAX_DELAY_S)
-        if self.eta is not None:
-            eta_seconds(self.eta)
-
-    def merged(self, other: EnqueueOptions) -> EnqueueOptions:
-        """These options with the fields ``other`` sets taking precedence."""
-        return EnqueueOptions(
-            queue=other.queue if other.queue is not None else self.queue,
-            priority=other.priority if other.priority is not None else self.priority,
-            max_attempts=other.max_attempts if other.max_attempts is not None
-            else self.max_attempts,
-            delay_s=other.delay_s if other.delay_s is not None
-            else (None if other.eta is not None else self.delay_s),
-            eta=other.eta if other.eta is not None
-            else (None if other.delay_s is not None else self.eta),
-        )
 
 
 @dataclass(frozen=True)
@@ -169,6 +81,11 @@ class _Plan:
     due: tuple[str, int] | None  # ("rel", ms) or ("abs", unix ms) or None for ready
     max_payload: int
     ref: str = ""  # the queue reference every id of this plan starts with
+    campaign: str | None = None
+    key_ttl_ms: int = 0
+    tracked: bool = False
+    """Written by enqueue_tracked.lua (a campaign or dedup keys): ids end in "_m", and
+    ``entries`` lists alternate entry, dedup key ("" for none)."""
 
     @property
     def target(self) -> str:
@@ -181,6 +98,8 @@ class _Plan:
             due_ms = now_ms + self.due[1] if self.due[0] == "rel" else self.due[1]
         body = codec.encode_body(self.task, args, kwargs, now_ms, due_ms)
         jid = codec.new_id(self.ref, seq() if seq else None)  # no number for a bad job
+        if self.tracked:
+            jid += tracked.TRACKED_SUFFIX  # the sequence part, then the mark
         e = b"%s%s:%s" % (self.head, jid.encode(), body)
         if len(e) > self.max_payload:
             raise PayloadTooLarge(
@@ -191,6 +110,12 @@ class _Plan:
 
     def script_args(self, entries: list[bytes], check: bool) -> tuple[list[str], list[Any]]:
         p = int(self.head[:1])
+        if self.tracked:
+            mode, when = self.due or ("ready", 0)
+            c = calls.enqueue_tracked(self.keys, p, mode, when, self.campaign or "",
+                                      self.key_ttl_ms, tracked.TRIM_CHUNK, entries,
+                                      check=check)
+            return c.keys, c.args
         runs = entry_runs(self.head, entries) if self.due is None else ""
         c = (calls.enqueue(self.keys, p, entries, check=check, runs=runs) if self.due is None else
              calls.schedule(self.keys, p, self.due[0], self.due[1], entries, check=check))
@@ -198,17 +123,24 @@ class _Plan:
 
 
 def plan(src: _PlanSource, task: str, queue: str, priority: int, max_attempts: int,
-         delay_s: float | None, eta: datetime | float | None) -> _Plan:
+         delay_s: float | None, eta: datetime | float | None, *,
+         campaign: str | None = None, key_ttl_s: float | None = None,
+         keyed: bool = False) -> _Plan:
     """Resolve one enqueue call's target and header; refuses (naming the option) any
-    value the scripts or the worker could not handle."""
+    value the scripts or the worker could not handle. ``campaign`` / ``keyed`` (dedup
+    keys given) make the jobs tracked."""
     due: tuple[str, int] | None = None
     if delay_s is not None and _check_seconds("delay_s", delay_s, MAX_DELAY_S) > 0:
         due = ("rel", round(delay_s * 1000))
     elif eta is not None:
         # a naive datetime is local time, as datetime.timestamp() reads it
         due = ("abs", round(eta_seconds(eta) * 1000))
+    ttl_s = tracked.DEFAULT_KEY_TTL_S if key_ttl_s is None else \
+        _check_seconds("key_ttl_s", key_ttl_s, MAX_DELAY_S)
     return _Plan(src.keys(_check_queue("queue", queue)), codec.header(priority, max_attempts),
-                 task, due, src.max_payload_bytes, codec.queue_ref(queue))
+                 task, due, src.max_payload_bytes, codec.queue_ref(queue),
+                 None if campaign is None else tracked.check_campaign_id(campaign),
+                 round(ttl_s * 1000), campaign is not None or keyed)
 
 
 def _split(item: Any) -> tuple[Any, Mapping[str, Any]]:
@@ -221,7 +153,11 @@ def _split(item: Any) -> tuple[Any, Mapping[str, Any]]:
     return (item,), {}
 
 
-def _chunks(p: _Plan, items: Iterable[Any], seqs: Callable[[], int | None] | None
+KeyFn = Callable[[Any], "str | None"]
+
+
+def _chunks(p: _Plan, items: Iterable[Any], seqs: Callable[[], int | None] | None,
+            key_fn: KeyFn | None = None
             ) -> Iterator[tuple[list[str], list[bytes]]]:
     ids: list[str] = []
     entries: list[bytes] = []
@@ -230,11 +166,15 @@ def _chunks(p: _Plan, items: Iterable[Any], seqs: Callable[[], int | None] | Non
         args, kwargs = _split(item)
         try:
             jid, e = p.entry(args, kwargs, now_ms, seqs)
+            if p.tracked:
+                key = key_fn(item) if key_fn is not None else None
+                entries += (e, b"" if key is None else tracked.check_key(key).encode())
         except (TypeError, ValueError) as exc:
             raise _at_item(exc, n - 1) from None
         ids.append(jid)
-        entries.append(e)
-        if len(entries) == CHUNK:
+        if not p.tracked:
+            entries.append(e)
+        if len(ids) == CHUNK:
             yield ids, entries
             ids, entries = [], []
             if n % (CHUNK * WINDOW) == 0:
@@ -259,8 +199,10 @@ class _Stream:
     """The bookkeeping of one ``enqueue_many`` (no I/O): windows of chunks, and what
     Redis confirmed so far, for an exact ``EnqueueError``."""
 
-    def __init__(self, p: _Plan, seqs: Callable[[], int | None]) -> None:
+    def __init__(self, p: _Plan, seqs: Callable[[], int | None],
+                 key_fn: KeyFn | None = None) -> None:
         self.p, self.seqs = p, (seqs if p.due is None else None)
+        self.key_fn = key_fn
         self.written: list[str] = []
 
     def windows(self, items: Iterable[Any]) -> Iterator[Window]:
@@ -268,7 +210,7 @@ class _Stream:
         ``PayloadTooLarge``) stops the stream; the error then carries ``written`` and
         ``ids`` of the jobs already in Redis, like ``EnqueueError``."""
         window: Window = []
-        chunks = _chunks(self.p, items, self.seqs)
+        chunks = _chunks(self.p, items, self.seqs, self.key_fn)
         while True:
             try:
                 chunk = next(chunks, None)
@@ -310,6 +252,11 @@ class _Stream:
         for (ids, _), res in zip(window, results, strict=True):
             if isinstance(res, BaseException):
                 first_error = first_error or res
+            elif self.p.tracked:
+                try:
+                    self.written.extend(tracked.ids_of(self.p.campaign, ids, res))
+                except (CampaignClosed, tracked.NotJoined) as exc:
+                    first_error = first_error or exc
             else:
                 self.written.extend(ids)
         if first_error is not None:
@@ -341,15 +288,15 @@ def _unreachable(p: _Plan, last: BaseException | None, n: int) -> EnqueueError:
 # --- sync ------------------------------------------------------------------------------
 
 
-def _with_retry_sync(c: Clients, p: _Plan, entries: list[bytes]) -> None:
+def _with_retry_sync(c: Clients, p: _Plan, entries: list[bytes]) -> Any:
     last: BaseException | None = None
+    name = "enqueue_tracked" if p.tracked else "schedule" if p.due else "enqueue"
     for pause, keys, args in _tries(p, entries):
         if pause:
             time.sleep(pause)
         try:
             c.register_queue(p.keys.queue)  # once per process; retried like the write
-            c.sync_scripts.schedule(keys, args) if p.due else c.sync_scripts.enqueue(keys, args)
-            return
+            return c.sync_scripts.by_name[name](keys, args)
         except _RETRY_WRITE_ERRORS as exc:
             last = exc
         except redis.ResponseError as exc:  # e.g. OOM: the script did not run
@@ -357,24 +304,50 @@ def _with_retry_sync(c: Clients, p: _Plan, entries: list[bytes]) -> None:
     raise _unreachable(p, last, len(entries)) from last
 
 
-def enqueue(c: Clients, p: _Plan, args: Any, kwargs: Mapping[str, Any]) -> str:
+def _write_tracked_sync(c: Clients, p: _Plan, ids: list[str], entries: list[bytes]
+                        ) -> list[str]:
+    """One tracked write (joining the campaign to the queue first, once per process)."""
+    for again in (False, True):
+        if p.campaign is not None:
+            tracked.join(c, p.campaign, p.keys.queue)
+        try:
+            return tracked.ids_of(p.campaign, ids, _with_retry_sync(c, p, entries))
+        except tracked.NotJoined:
+            tracked.forget(c, p.campaign or "", p.keys.queue)
+            if again:
+                raise CampaignClosed(p.campaign or "", f"campaign {p.campaign!r} is not "
+                                     f"open on queue {p.keys.queue!r}") from None
+    raise AssertionError("unreachable")
+
+
+def enqueue(c: Clients, p: _Plan, args: Any, kwargs: Mapping[str, Any],
+            key: str | None = None) -> str:
     jid, e = p.entry(args, kwargs, int(time.time() * 1000),
                      SeqSource(c, p.keys) if p.due is None else None)
+    if p.tracked:
+        return _write_tracked_sync(c, p, [jid], [e, (key or "").encode()])[0]
     _with_retry_sync(c, p, [e])
     return jid
 
 
-def enqueue_many(c: Clients, p: _Plan, items: Iterable[Any]) -> list[str]:
-    st = _Stream(p, SeqSource(c, p.keys, want=CHUNK))
+def enqueue_many(c: Clients, p: _Plan, items: Iterable[Any],
+                 key_fn: KeyFn | None = None) -> list[str]:
+    st = _Stream(p, SeqSource(c, p.keys, want=CHUNK), key_fn)
     for single, rest in st.steps(items):
         if single is not None:
             try:
-                _with_retry_sync(c, p, single[1])
+                if p.tracked:
+                    st.written.extend(_write_tracked_sync(c, p, *single))
+                    single = None
+                else:
+                    _with_retry_sync(c, p, single[1])
             except EnqueueError as exc:
                 raise st.failed(exc) from exc.__cause__
-            st.written.extend(single[0])
+            if single is not None:
+                st.written.extend(single[0])
         if rest:
-            script = c.sync_scripts.schedule if p.due else c.sync_scripts.enqueue
+            script = c.sync_scripts.by_name[
+                "enqueue_tracked" if p.tracked else "schedule" if p.due else "enqueue"]
             pipe = c.redis.pipeline(transaction=False)
             for _, entries in rest:
                 keys, args = p.script_args(entries, check=False)
@@ -390,16 +363,16 @@ def enqueue_many(c: Clients, p: _Plan, items: Iterable[Any]) -> list[str]:
 # --- asyncio ---------------------------------------------------------------------------
 
 
-async def _with_retry_async(c: Clients, p: _Plan, entries: list[bytes]) -> None:
+async def _with_retry_async(c: Clients, p: _Plan, entries: list[bytes]) -> Any:
     scripts = c.async_scripts()
     last: BaseException | None = None
+    name = "enqueue_tracked" if p.tracked else "schedule" if p.due else "enqueue"
     for pause, keys, args in _tries(p, entries):
         if pause:
             await asyncio.sleep(pause)
         try:
             await c.aregister_queue(p.keys.queue)  # once per process; retried like the write
-            await (scripts.schedule if p.due else scripts.enqueue)(keys, args)
-            return
+            return await scripts.by_name[name](keys, args)
         except _RETRY_WRITE_ERRORS as exc:
             last = exc
         except redis.ResponseError as exc:  # e.g. OOM: the script did not run
@@ -468,26 +441,52 @@ def _own_copy(exc: Exception, shared_by: int) -> Exception:
     return exc
 
 
-async def aenqueue(c: Clients, p: _Plan, args: Any, kwargs: Mapping[str, Any]) -> str:
+async def _write_tracked_async(c: Clients, p: _Plan, ids: list[str], entries: list[bytes]
+                               ) -> list[str]:
+    """``_write_tracked_sync`` for asyncio code (tracked jobs skip the coalescer)."""
+    for again in (False, True):
+        if p.campaign is not None:
+            await tracked.ajoin(c, p.campaign, p.keys.queue)
+        try:
+            return tracked.ids_of(p.campaign, ids, await _with_retry_async(c, p, entries))
+        except tracked.NotJoined:
+            tracked.forget(c, p.campaign or "", p.keys.queue)
+            if again:
+                raise CampaignClosed(p.campaign or "", f"campaign {p.campaign!r} is not "
+                                     f"open on queue {p.keys.queue!r}") from None
+    raise AssertionError("unreachable")
+
+
+async def aenqueue(c: Clients, p: _Plan, args: Any, kwargs: Mapping[str, Any],
+                   key: str | None = None) -> str:
     runs = await areserve(c, p.keys, 1) if p.due is None else []
     jid, e = p.entry(args, kwargs, int(time.time() * 1000), SeqSource(c, p.keys, runs))
+    if p.tracked:
+        return (await _write_tracked_async(c, p, [jid], [e, (key or "").encode()]))[0]
     await coalescer(c).submit(c, p, e)
     return jid
 
 
-async def aenqueue_many(c: Clients, p: _Plan, items: Iterable[Any]) -> list[str]:
+async def aenqueue_many(c: Clients, p: _Plan, items: Iterable[Any],
+                        key_fn: KeyFn | None = None) -> list[str]:
     items = list(items)  # its length: the sequence numbers are reserved up front
-    st = _Stream(p, SeqSource(c, p.keys, await areserve(c, p.keys, len(items))))
+    st = _Stream(p, SeqSource(c, p.keys, await areserve(c, p.keys, len(items))), key_fn)
     for single, rest in st.steps(items):
         if single is not None:
             try:
-                await _with_retry_async(c, p, single[1])
+                if p.tracked:
+                    st.written.extend(await _write_tracked_async(c, p, *single))
+                    single = None
+                else:
+                    await _with_retry_async(c, p, single[1])
             except EnqueueError as exc:
                 raise st.failed(exc) from exc.__cause__
-            st.written.extend(single[0])
+            if single is not None:
+                st.written.extend(single[0])
         if rest:
             scripts = c.async_scripts()
-            script = scripts.schedule if p.due else scripts.enqueue
+            script = scripts.by_name[
+                "enqueue_tracked" if p.tracked else "schedule" if p.due else "enqueue"]
             pipe = c.async_redis().pipeline(transaction=False)
             for _, entries in rest:
                 keys, args = p.script_args(entries, check=False)

@@ -13,7 +13,8 @@ stops the supervisor with the child's exit code instead of a crash loop.
 
 Signals: TERM graceful (children drain), INT / QUIT / a second TERM fast, HUP rolling
 restart with a fresh import of the app's modules, TTIN / TTOU one worker more / less,
-TSTP pause fetching / CONT resume.
+TSTP pause fetching / CONT resume. The metrics server process (which also serves the
+web console with ``--web``) and the counts it serves are in ``supervisor_metrics.py``.
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ from types import FrameType
 
 from .app import App
 from .exitcodes import EXIT_ERROR, EXIT_IMPORT, EXIT_OK, EXIT_RECYCLED, EXIT_REDIS, EXIT_STALLED
+from .supervisor_metrics import MetricsChild
+from .web_settings import WebSettings
 from .worker import WorkerSettings
 
 log = logging.getLogger("batchq.supervisor")
-
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,8 @@ class SupervisorSettings:
     metrics_addr: str = "127.0.0.1"
     metrics_port: int = 9808
     """0: no metrics server."""
+    web: WebSettings | None = None
+    """The web console, served from the metrics process (``--web``); None: none."""
 
 
 @dataclass
@@ -111,11 +115,12 @@ class Supervisor:
         self._drained = False
         """Burst mode: a child exited 0 because the queues were empty."""
         self._stop_deadline = 0.0
-        self._metrics_pid: int | None = None
-        self._metrics_next_at = 0.0
-        self._metrics_failures = 0
         self.restarts = {"died": 0, "unresponsive": 0, "recycled": 0}
-        self._published: tuple[int, tuple[int, ...]] | None = None
+        self.metrics = MetricsChild(app, directory=settings.metrics_dir,
+                                    addr=settings.metrics_addr, port=settings.metrics_port,
+                                    log_level=settings.log_level,
+                                    log_format=settings.log_format, signals=self.SIGNALS,
+                                    web=settings.web)
 
     # --- main loop -------------------------------------------------------------------
 
@@ -130,7 +135,7 @@ class Supervisor:
         try:
             while True:
                 self._reap()
-                self._publish_state()
+                self.metrics.publish_state(len(self.children), self.restarts)
                 if self._halt is not None and not self._stopping:
                     # a child could not boot: stop the others, then exit with its code
                     self._exit_code = self._halt
@@ -142,7 +147,7 @@ class Supervisor:
                 else:
                     self._murder_unresponsive()
                     self._manage()
-                    self._manage_metrics()
+                    self.metrics.manage()
                     if self.worker_settings.burst and self._drained and not self.children:
                         if self._exit_code == EXIT_STALLED:
                             log.warning("burst: every worker finished, but jobs are left in "
@@ -156,7 +161,7 @@ class Supervisor:
                     name = signal.Signals(sig).name.lower()
                     getattr(self, f"handle_{name[3:]}")()
         finally:
-            self._stop_metrics()
+            self.metrics.stop()
             for name in self.SIGNALS:
                 signal.signal(getattr(signal, f"SIG{name}"), signal.SIG_DFL)
             os.close(self._pipe_r)
@@ -226,64 +231,6 @@ class Supervisor:
             log.info("SIGCONT: workers fetch again")
             self._kill_all(signal.SIGCONT)
 
-    # --- metrics ---------------------------------------------------------------------
-
-    def _publish_state(self) -> None:
-        d = self.settings.metrics_dir
-        state = (len(self.children), tuple(self.restarts.values()))
-        if d and state != self._published:
-            from .metrics import write_supervisor_state
-
-            with contextlib.suppress(OSError):
-                write_supervisor_state(d, len(self.children), dict(self.restarts))
-                self._published = state
-
-    def _manage_metrics(self) -> None:
-        s = self.settings
-        if not s.metrics_dir or not s.metrics_port or self._metrics_pid is not None:
-            return
-        if time.monotonic() < self._metrics_next_at:
-            return
-        parent = os.getpid()
-        pid = os.fork()
-        if pid:
-            self._metrics_pid = pid
-            return
-        code = EXIT_ERROR
-        try:
-            for name in self.SIGNALS:
-                signal.signal(getattr(signal, f"SIG{name}"), signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor ends it
-            from .logs import setup_logging
-            from .metrics_http import serve_forever_child
-
-            setup_logging(s.log_level, s.log_format, "metrics")
-            code = serve_forever_child(self.app, s.metrics_addr, s.metrics_port,
-                                       s.metrics_dir, parent)
-        except BaseException:
-            log.exception("metrics server crashed")
-        finally:
-            os._exit(code)
-
-    def _on_metrics_exit(self, status: int) -> None:
-        self._metrics_pid = None
-        if self._stopping:
-            return
-        self._metrics_failures += 1
-        delay = min(60.0, 2.0 ** self._metrics_failures)
-        self._metrics_next_at = time.monotonic() + delay
-        log.warning("metrics server exited (%d); restarting it in %.0fs",
-                    os.waitstatus_to_exitcode(status), delay)
-
-    def _stop_metrics(self) -> None:
-        pid = self._metrics_pid
-        if pid is None:
-            return
-        self._metrics_pid = None
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGTERM)
-            os.waitpid(pid, 0)
-
     # --- children --------------------------------------------------------------------
 
     def _stop(self, fast: bool) -> None:
@@ -324,8 +271,8 @@ class Supervisor:
                 return
             if pid == 0:
                 return
-            if pid == self._metrics_pid:
-                self._on_metrics_exit(status)
+            if pid == self.metrics.pid:
+                self.metrics.on_exit(status, self._stopping)
                 continue
             child = self.children.pop(pid, None)
             if child is None:

@@ -15,15 +15,22 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
-from . import codec, producer
+from . import codec, producer, tracked
 from .clients import Clients
 from .keys import MAX_PRIORITY
-from .producer import EnqueueOptions
+from .producer import EnqueueOptions, KeyFn
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 DEFAULT_QUEUE = "default"
+
+
+class HasId(Protocol):
+    """A campaign (``batchq.Campaign``), for ``options(campaign=...)``."""
+
+    @property
+    def id(self) -> str: ...
 
 
 class TaskOwner(Protocol):
@@ -56,6 +63,8 @@ class TaskConfig:
     retry_backoff_max_s: float = 300.0
     result_ttl_s: float | None = None
     """Keep each job's return value this long (``app.result``); None: not stored."""
+    key_ttl_s: float = tracked.DEFAULT_KEY_TTL_S
+    """How long a dedup key stays held after its job finished."""
 
     def __post_init__(self) -> None:
         # every check names the setting: a wrong value must never reach the worker
@@ -82,11 +91,13 @@ class TaskConfig:
             if self.batch_size is not None:
                 raise ValueError("result_ttl_s is for single-job tasks: a batch handler "
                                  "returns failures, not results")
+        _positive("key_ttl_s", self.key_ttl_s, zero_ok=True)
 
     @property
     def result_ttl_ms(self) -> int | None:
         """``result_ttl_s`` in ms (None: results are not stored)."""
         return None if self.result_ttl_s is None else round(self.result_ttl_s * 1000)
+
 
 def _positive(name: str, value: object, *, zero_ok: bool = False) -> None:
     """A finite number > 0 (>= 0 with ``zero_ok``), or an error naming ``name``."""
@@ -103,7 +114,7 @@ class _Enqueuer:
     _task: Task[..., Any]
     _opts: EnqueueOptions
 
-    def _plan(self) -> producer._Plan:
+    def _plan(self, keyed: bool = False) -> producer._Plan:
         t, o = self._task, self._opts
         c = t.config
         return producer.plan(
@@ -114,27 +125,47 @@ class _Enqueuer:
             c.max_attempts if o.max_attempts is None else o.max_attempts,
             o.delay_s,
             o.eta,
+            campaign=o.campaign,
+            key_ttl_s=c.key_ttl_s if o.key_ttl_s is None else o.key_ttl_s,
+            keyed=keyed or o.key is not None,
         )
 
-    def enqueue(self, *args: Any, **kwargs: Any) -> str:
-        """Write one job; returns its id once Redis has it."""
-        return producer.enqueue(self._task.app.clients, self._plan(), args, kwargs)
+    def _many(self, key_fn: KeyFn | None) -> producer._Plan:
+        if self._opts.key is not None:
+            raise ValueError(f"options(key={self._opts.key!r}) names one job: give "
+                             "enqueue_many a key_fn (one key per item) instead")
+        if key_fn is not None and not callable(key_fn):
+            raise TypeError(f"key_fn must be callable, got {key_fn!r}")
+        return self._plan(keyed=key_fn is not None)
 
-    def enqueue_many(self, items: Iterable[Any]) -> list[str]:
+    def enqueue(self, *args: Any, **kwargs: Any) -> str:
+        """Write one job; returns its id once Redis has it (with a dedup key already
+        held: the id of the job holding it, and nothing is written)."""
+        return producer.enqueue(self._task.app.clients, self._plan(), args, kwargs,
+                                key=self._opts.key)
+
+    def enqueue_many(self, items: Iterable[Any], *, key_fn: KeyFn | None = None
+                     ) -> list[str]:
         """Write many jobs, streamed in pipelined chunks; returns their ids in order.
 
         Each item is a tuple or list of positional arguments, a dict of keyword
         arguments, a ``batchq.call(*args, **kwargs)``, or else one positional argument.
+        ``key_fn(item)`` gives each job's dedup key (or None): an item whose key is held
+        is not written and its place in the result has the holder's id.
         """
-        return producer.enqueue_many(self._task.app.clients, self._plan(), items)
+        return producer.enqueue_many(self._task.app.clients, self._many(key_fn), items,
+                                     key_fn)
 
     async def aenqueue(self, *args: Any, **kwargs: Any) -> str:
         """``enqueue`` for asyncio code."""
-        return await producer.aenqueue(self._task.app.clients, self._plan(), args, kwargs)
+        return await producer.aenqueue(self._task.app.clients, self._plan(), args, kwargs,
+                                       key=self._opts.key)
 
-    async def aenqueue_many(self, items: Iterable[Any]) -> list[str]:
+    async def aenqueue_many(self, items: Iterable[Any], *, key_fn: KeyFn | None = None
+                            ) -> list[str]:
         """``enqueue_many`` for asyncio code."""
-        return await producer.aenqueue_many(self._task.app.clients, self._plan(), items)
+        return await producer.aenqueue_many(self._task.app.clients, self._many(key_fn),
+                                            items, key_fn)
 
     def options(
         self,
@@ -144,10 +175,17 @@ class _Enqueuer:
         max_attempts: int | None = None,
         delay_s: float | None = None,
         eta: datetime | float | None = None,
+        campaign: HasId | str | None = None,
+        key: str | None = None,
+        key_ttl_s: float | None = None,
     ) -> TaskCall:
         """A view of the task that enqueues with other options (``eta``: datetime or
-        Unix seconds; naive datetimes are local time)."""
-        extra = EnqueueOptions(queue, priority, max_attempts, delay_s, eta)
+        Unix seconds; naive datetimes are local time). ``campaign``: the jobs join it (a
+        ``Campaign`` or its id); ``key``: a dedup key for ``enqueue``; ``key_ttl_s``: how
+        long a key stays held after its job finished."""
+        cid = campaign if campaign is None or isinstance(campaign, str) else campaign.id
+        extra = EnqueueOptions(queue, priority, max_attempts, delay_s, eta, cid, key,
+                               key_ttl_s)
         return TaskCall(self._task, self._opts.merged(extra))
 
 

@@ -14,12 +14,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-SCENARIOS = ("enqueue", "drain", "latency", "memory", "idle", "scale")
+SCENARIOS = ("enqueue", "drain", "latency", "memory", "idle", "scale", "campaign")
 COMMANDS = (*SCENARIOS, "peers", "plot")
 
 # (full, --quick) defaults of --jobs per scenario
 JOBS = {"enqueue": (50_000, 2_000), "drain": (100_000, 2_000), "latency": (50_000, 2_000),
-        "memory": (1_000_000, 2_000), "scale": (50_000, 2_000)}
+        "memory": (1_000_000, 2_000), "scale": (50_000, 2_000),
+        "campaign": (100_000, 2_000)}
 
 
 def _common(p: argparse.ArgumentParser, scenario: str) -> None:
@@ -78,6 +79,11 @@ def add_scenario_args(p: argparse.ArgumentParser, scenario: str) -> None:
                        help="rate of the idle level (default 50 jobs/s: one every 20 ms)")
         p.add_argument("--levels", default="25,50,75,90",
                        help="percentages of the max rate (default 25,50,75,90)")
+    if scenario == "campaign":
+        p.add_argument("--campaigns", type=int, default=None,
+                       help="campaigns of the completion-latency case (default 50, --quick 5)")
+        p.add_argument("--campaign-jobs", type=int, default=200,
+                       help="jobs per campaign of the latency case (default 200)")
     if scenario == "memory":
         p.add_argument("--payload-bytes", type=int, default=100,
                        help="size of each job's bytes argument (default 100)")
@@ -98,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
              "memory": "Redis bytes per queued job; worker RSS while draining",
              "idle": "CPU and Redis commands/s of an idle fleet",
              "scale": "drain throughput against processes and payload size",
+             "campaign": "campaigns and dedup keys: drain cost, keyed enqueue_many, bytes "
+                         "per key, completion latency",
              "peers": "batchq against Celery, RQ, arq, dramatiq, saq, taskiq, huey",
              "plot": "PNG of latency percentiles against offered rate"}
     for name in COMMANDS:
@@ -107,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run_scenario(args: argparse.Namespace) -> int:
     from . import harness
+    from .campaigns import run_campaign
     from .latency import run_latency
     from .resources import run_idle, run_memory
     from .throughput import run_drain, run_enqueue, run_scale
@@ -137,6 +146,10 @@ def _run_scenario(args: argparse.Namespace) -> int:
         "memory": lambda ctx, rec: run_memory(
             ctx, rec, jobs=jobs, repeat=repeat, payload_bytes=args.payload_bytes,
             processes=args.processes, concurrency=args.concurrency),
+        "campaign": lambda ctx, rec: run_campaign(
+            ctx, rec, jobs=jobs, repeat=repeat, processes=None, concurrency=args.concurrency,
+            campaigns=args.campaigns or (5 if quick else 50),
+            campaign_jobs=args.campaign_jobs),
         "idle": lambda ctx, rec: run_idle(
             ctx, rec, repeat=repeat, processes=args.processes, concurrency=args.concurrency,
             warmup_s=args.warmup if args.warmup is not None else (0.5 if quick else 2.0),

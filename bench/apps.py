@@ -57,6 +57,11 @@ def make_app(redis_url: str | None = None, namespace: str = "bench") -> batchq.A
         rec.ensure_task()
         rec.sample(intended, sent, t0, time.time())
 
+    @app.task(queue=QUEUE)
+    def campaign_mark(campaign_id: str, stats: dict[str, Any]) -> None:
+        """A campaign's on_complete (the ``campaign`` scenario): notes when it started."""
+        app.redis.hset(f"{app.namespace}:campaign-latency", campaign_id, repr(time.time()))
+
     return app
 
 

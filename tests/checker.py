@@ -280,11 +280,15 @@ def leftovers(r: Any, namespace: str, queues: Iterable[str], *,
     * a paused flag, more than one wake token, dead letters (unless ``allow_dead``);
     * any key of the namespace besides the expected ones: the queues' keys, the queue
       registry ``NS:queues``, the worker registry ``NS:workers`` and worker entries
-      ``NS:worker:<id>`` that expire (a TTL)."""
+      ``NS:worker:<id>`` that expire (a TTL), campaign records and their index;
+    * tracked jobs' entries (jobmeta) left when nothing is pending."""
     from batchq.keys import QueueKeys
 
     problems: list[str] = []
-    allowed: set[bytes] = {f"{namespace}:queues".encode(), f"{namespace}:workers".encode()}
+    allowed: set[bytes] = {f"{namespace}:queues".encode(), f"{namespace}:workers".encode(),
+                           f"{namespace}:campaigns".encode(),
+                           f"{namespace}:campaigns:open".encode()}
+    campaign_prefix = f"{namespace}:{{{namespace}:campaign:".encode()
     for q in queues:
         k = QueueKeys(namespace, q)
         allowed |= {x.encode() for x in (*k.all(), k.seq, k.waiters)}
@@ -296,6 +300,8 @@ def leftovers(r: Any, namespace: str, queues: Iterable[str], *,
             delayed = int(r.zcard(k.delayed))
             if ready or delayed:
                 problems.append(f"{q}: {ready} ready and {delayed} delayed jobs left")
+            if r.hlen(k.jobmeta):
+                problems.append(f"{q}: {r.hlen(k.jobmeta)} tracked jobs never settled")
         if r.exists(k.paused):
             problems.append(f"{q}: still paused")
         if int(r.llen(k.wake)) > 1:
@@ -307,7 +313,7 @@ def leftovers(r: Any, namespace: str, queues: Iterable[str], *,
                             f"({r.hlen(k.dead_jobs)}) disagree")
     worker_prefix = f"{namespace}:worker:".encode()
     for key in r.scan_iter(match=f"{namespace}:*", count=1000):
-        if key in allowed:
+        if key in allowed or key.startswith(campaign_prefix):
             continue
         if key.startswith(worker_prefix) and int(r.ttl(key)) > 0:
             continue

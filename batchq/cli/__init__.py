@@ -3,9 +3,11 @@ code from ``batchq.exitcodes`` (0 ok, 1 error, 2 usage, 3 cannot import the app,
 reach Redis).
 
 One module per command family: ``worker`` (worker, server), ``info``, ``dead``,
-``control`` (pause, resume, check), ``enqueue``, ``bench``; ``common`` holds output,
-secret scrubbing, exit-code mapping and target resolution, ``flags`` the checked flag
-types. Nothing outside this package imports it (app loading lives in ``batchq.loading``).
+``control`` (pause, resume, check), ``enqueue``, ``bench``, ``web``; ``common`` holds
+output, secret scrubbing, exit-code mapping and target resolution, ``flags`` the checked
+flag types. Nothing outside this package imports it but the ``python -m`` entry points
+(``batchq.__main__``; ``batchq.web.__main__``, which is ``batchq web``); app loading
+lives in ``batchq.loading``.
 
 A password given with ``--redis-url`` would be readable by every user in the process
 list (``/proc/PID/cmdline``) of the command and of every worker it forks. So before
@@ -35,7 +37,7 @@ URL_FLAG = "--redis-url"
 
 def _parser() -> argparse.ArgumentParser:
     from .. import __version__
-    from . import bench, control, dead, enqueue, info, worker
+    from . import bench, campaign, control, dead, enqueue, info, web, worker
 
     p = argparse.ArgumentParser(prog="batchq", description="batchq: a Redis job queue")
     p.add_argument("--version", action="version", version=f"batchq {__version__}")
@@ -43,9 +45,11 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_commands(sub)
     info.add_commands(sub)
     dead.add_commands(sub)
+    campaign.add_commands(sub)
     enqueue.add_commands(sub)
     control.add_commands(sub)
     bench.add_commands(sub)
+    web.add_commands(sub)
     return p
 
 
@@ -86,11 +90,12 @@ def _has_secret(url: str) -> bool:
         return False  # not a URL: the parser refuses it with a message
 
 
-def _hide_url_from_ps(args: list[str]) -> None:
+def _hide_url_from_ps(args: list[str], command: str | None) -> None:
     """Re-execute this command without a password-bearing ``--redis-url`` in its
     arguments (see the module docstring). Returns when there is nothing to hide or the
     command line cannot be rebuilt faithfully."""
-    if not args or args[0] == "server" or (args[0] == "bench" and args[1:2] != ["load"]):
+    head = [command, *args[:1]] if command else args[:2]
+    if not head or head[0] == "server" or (head[0] == "bench" and head[1:2] != ["load"]):
         return  # no --redis-url there (the harness passes its arguments through)
     kept, value = _without_url(args)
     if value is None or not _has_secret(value) or url_problem(value):
@@ -105,12 +110,16 @@ def _hide_url_from_ps(args: list[str]) -> None:
     os.execve(sys.executable, orig[: len(orig) - len(args)] + kept, env)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, command: str | None = None) -> int:
+    """Run ``batchq`` with ``argv`` (default: this process's arguments); ``command``:
+    the subcommand the arguments are for (``python -m batchq.web ARGS`` is ``batchq web
+    ARGS``)."""
     if argv is None:
-        _hide_url_from_ps(sys.argv[1:])
+        _hide_url_from_ps(sys.argv[1:], command)
+        argv = sys.argv[1:]
     hidden = os.environ.pop(HIDDEN_URL_ENV, None)
     try:
-        args = _parser().parse_args(argv)
+        args = _parser().parse_args([command, *argv] if command else argv)
         if hasattr(args, "redis_url"):
             check_env_url()
             if hidden and args.redis_url is None:

@@ -1,21 +1,24 @@
-"""``batchq bench``: load-test a task of your own, or run the benchmark harness.
+"""``batchq bench``: load-test a target through your own task, or run the harness.
 
-``batchq bench load --rate R --duration D MODULE:APP TASK [--args JSON]`` sends jobs of
-``TASK`` on an open-loop schedule (``batchq.loadgen``): job ``i`` is due at ``start +
-i / R`` however long earlier sends took. Your handler is not changed, so the command
-measures what it can see from outside:
+``batchq bench load MODULE:APP TASK`` sends jobs of ``TASK`` on an open-loop rate
+profile (``batchq.loadgen``): ``--rate R --duration D``, ``--steps 500,1000,2000
+--step-s 30`` or ``--ramp 0:5000 --duration 120``. Each job carries its intended send
+time, and the workers that run it (any number, on any machine) record the task's run
+time (the target's latency as the handler saw it), enqueue-to-start and
+enqueue-to-done from that intended time (no coordinated omission), and the outcome: an
+exception by its type, or what the task reported with
+``batchq.current_job().record(status="429")``. They merge their figures through Redis
+once a second (``batchq.load``), so the report covers the whole fleet:
+p50 / p90 / p99 / p99.9 / max of each, errors by type with an example, offered and
+achieved rate, and a per-second timeline. ``--abort-on "p99>500ms"`` / ``"errors>1%"``
+stops the run once the last seconds pass the limit (the knee of the target). ``--json``
+prints the report as one object, ``--out report.html`` / ``report.png`` plots it.
 
-* the producer side, exactly: jobs sent, send errors, the achieved send rate and the
-  lateness of every send against its intended time (p50 .. max);
-* the queue side, from ``Queue.stats()`` polled once a second: jobs reserved by workers
-  ("running": fetched and not yet acknowledged), jobs completed (enqueued minus still
-  pending minus dead-lettered since the start; counted queue-wide, so other producers
-  on the same queue are included and reported), and the time the fleet needs after the
-  last send to get the queue back to where it was;
-* with ``--metrics-url`` (the fleet's ``/metrics``), the workers' own
-  ``batchq_job_wait_seconds`` histogram for the task, scraped before and after: the
-  distribution of enqueue-to-start times of the jobs that started meanwhile, as bucket
-  bounds ("<= 5 ms"), timed by the workers at job start from the actual enqueue time.
+The generator can be spread: ``--producers N`` runs N producer processes here, and
+``--join RUN_ID`` (the id is printed at the start) adds another machine's sends to a
+running run. A load job is acknowledged whatever its handler does (its outcome goes to
+the report, not to retries or the dead-letter queue); jobs still queued after an abort
+are acknowledged without running.
 
 ``batchq bench SCENARIO ...`` runs ``python -m bench SCENARIO ...`` (enqueue, drain,
 latency, memory, idle, scale, peers, plot) from a batchq source checkout: the harness
@@ -31,22 +34,32 @@ import argparse
 import asyncio
 import importlib
 import json
-import math
 import sys
 import time
-import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from .. import exitcodes
-from ..loadgen import LoadState, aopen_loop, percentile_keys
+from ..keys import load_keys
+from ..load.driver import CHILD_LEAD_S, Driver, RunGone, new_run_id, profile_of, spawn_children
+from ..load.profiles import AbortRule, parse_abort, parse_ramp, parse_steps
+from ..load.report import bottlenecks, build, render, write_html, write_png
+from ..loadgen import Profile
 from ..loading import AppImportError, load_app
 from .flags import add_redis_url, seconds
 
 HARNESS_COMMANDS = ("enqueue", "drain", "latency", "memory", "idle", "scale", "peers", "plot")
-PROGRESS_EVERY_S = 1.0
-WAIT_METRIC = "batchq_job_wait_seconds"
+
+
+def _positive_int(raw: str) -> int:
+    try:
+        v = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {raw!r}") from None
+    if not 1 <= v <= 64:
+        raise argparse.ArgumentTypeError(f"must be 1..64, got {raw!r}")
+    return v
 
 
 def add_commands(sub: Any) -> None:
@@ -55,24 +68,43 @@ def add_commands(sub: Any) -> None:
                        description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     bsub = b.add_subparsers(dest="bench_command", required=True)
-    p = bsub.add_parser("load", help="open-loop load on one of your tasks",
-                        description="Send jobs of TASK at a fixed rate (open loop) and "
-                        "report send lateness, completions and queue depth.")
+    p = bsub.add_parser("load", help="load-test a target through one of your tasks",
+                        description=__doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("app", metavar="MODULE:APP")
     p.add_argument("task", metavar="TASK", help="task name")
-    p.add_argument("--rate", type=seconds(zero_ok=False), required=True,
-                   help="jobs per second")
-    p.add_argument("--duration", type=seconds(zero_ok=False), required=True,
-                   help="seconds of load")
-    p.add_argument("--args", default="[]", metavar="JSON",
+    p.add_argument("--rate", type=seconds(zero_ok=False), default=None,
+                   help="a constant rate, jobs per second (with --duration)")
+    p.add_argument("--steps", default=None, metavar="R1,R2,...",
+                   help="rates of consecutive steps, jobs per second (with --step-s)")
+    p.add_argument("--step-s", type=seconds(zero_ok=False), default=None,
+                   metavar="SECONDS", help="length of each step of --steps")
+    p.add_argument("--ramp", default=None, metavar="START:END",
+                   help="a linear ramp of the rate, jobs per second (with --duration)")
+    p.add_argument("--duration", type=seconds(zero_ok=False), default=None,
+                   help="seconds of load (--rate, --ramp)")
+    p.add_argument("--args", default=None, metavar="JSON",
                    help='arguments of every job: a JSON array (positional), an object '
-                   '(keyword) or {"args": [...], "kwargs": {...}} (default [])')
+                   '(keyword) or {"args": [...], "kwargs": {...}} (default [], or the '
+                   "run's with --join)")
+    p.add_argument("--abort-on", action="append", default=[], metavar="RULE",
+                   help='stop when the last seconds pass a limit: "p99>500ms", '
+                   '"done.p99>2s", "errors>1%%", "errors>100" (repeatable)')
+    p.add_argument("--producers", type=_positive_int, default=1, metavar="N",
+                   help="producer processes on this machine (default 1)")
+    p.add_argument("--join", default=None, metavar="RUN_ID",
+                   help="add this machine's sends to a running run (its profile, unless "
+                   "one is given here)")
+    p.add_argument("--run-id", default=None, metavar="RUN_ID",
+                   help="name the new run (default: time and a random suffix)")
+    p.add_argument("--part", default=None, help=argparse.SUPPRESS)
     p.add_argument("--settle", type=seconds(zero_ok=True), default=30.0, metavar="SECONDS",
-                   help="after the last send, wait this long at most for the queue to "
-                   "drain back (default 30)")
-    p.add_argument("--metrics-url", default=None, metavar="URL",
-                   help="the fleet's /metrics, for the workers' enqueue-to-start histogram")
+                   help="after the last send, wait this long at most for the fleet to "
+                   "finish the run's jobs (default 30)")
+    p.add_argument("--out", default=None, metavar="FILE.html|FILE.png",
+                   help="plot latency and throughput over time, steps marked")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--metrics-url", default=None, help=argparse.SUPPRESS)
     add_redis_url(p)
     p.set_defaults(handler=cmd_load)
     for name in HARNESS_COMMANDS:
@@ -138,179 +170,109 @@ def _parse_args(raw: str) -> tuple[list[Any], dict[str, Any]]:
     return [value], {}
 
 
-# --- the workers' wait histogram ---------------------------------------------------------
+# --- the load command -------------------------------------------------------------------
 
 
-def scrape_wait(url: str, queue: str, task: str) -> dict[float, float]:
-    """Cumulative ``le -> count`` of ``batchq_job_wait_seconds`` for one queue and task."""
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        text = resp.read().decode()
-    out: dict[float, float] = {}
-    prefix = f"{WAIT_METRIC}_bucket{{"
-    for line in text.splitlines():
-        if not line.startswith(prefix):
-            continue
-        labels_s, _, value = line[len(prefix):].rpartition("} ")
-        labels = dict(part.split("=", 1) for part in labels_s.split(","))
-        labels = {k: v.strip('"') for k, v in labels.items()}
-        if labels.get("queue") != queue or labels.get("task") != task:
-            continue
-        le = math.inf if labels["le"] == "+Inf" else float(labels["le"])
-        out[le] = out.get(le, 0.0) + float(value)
-    return out
+class _Usage(Exception):
+    """A bad combination of flags (exit 2, with the message)."""
 
 
-def wait_percentiles(before: dict[float, float], after: dict[float, float]
-                     ) -> dict[str, float] | None:
-    """Bucket upper bound (ms) at each percentile of the jobs counted in between."""
-    bounds = sorted(after)
-    cum = [after[b] - before.get(b, 0.0) for b in bounds]
-    total = cum[-1] if cum else 0.0
-    if total <= 0:
-        return None
-    out: dict[str, float] = {}
-    for key in percentile_keys():
-        p = 100.0 if key == "max" else float(key[1:])
-        rank = max(1.0, math.ceil(p / 100 * total))
-        bound = next(b for b, c in zip(bounds, cum, strict=True) if c >= rank)
-        out[key] = bound * 1000
-    out["count"] = total
-    return out
-
-
-# --- the load --------------------------------------------------------------------------
-
-
-class _Progress:
-    """Queue-side figures, sampled once a second while the load runs."""
-
-    def __init__(self, queue: Any) -> None:
-        self.queue = queue
-        self.base = self._read()
-        self.last = self.base
-        self.peak_pending = 0
-
-    def _read(self) -> tuple[int, int, int, int]:
-        st = self.queue.stats()
-        raw = self.queue.app.redis.hget(self.queue.keys.stats, "enqueued")
-        return int(raw or 0), st.pending, st.dead, st.reserved
-
-    def sample(self) -> tuple[int, int, int]:
-        """``(enqueued since start, completed since start, running now)``."""
-        self.last = cur = self._read()
-        self.peak_pending = max(self.peak_pending, cur[1])
-        enq = cur[0] - self.base[0]
-        done = enq - (cur[1] - self.base[1]) - (cur[2] - self.base[2])
-        return enq, done, cur[3]
-
-
-async def _run_load(args: argparse.Namespace, task: Any, job_args: list[Any],
-                    job_kwargs: dict[str, Any], progress: _Progress,
-                    tty: bool) -> tuple[LoadState, list[tuple[float, int, int]]]:
-    state = LoadState(rate=args.rate, duration_s=args.duration)
-    timeline: list[tuple[float, int, int]] = []
-
-    async def send(intended: list[float], sent_at: float) -> None:
-        if len(intended) == 1:
-            await task.aenqueue(*job_args, **job_kwargs)
-        else:
-            from ..producer import Call
-
-            await task.aenqueue_many([Call(*job_args, **job_kwargs)] * len(intended))
-
-    async def report() -> None:
-        last_sent, last_t = 0, time.monotonic()
-        while True:
-            await asyncio.sleep(PROGRESS_EVERY_S)
-            _, done, running = await asyncio.to_thread(progress.sample)
-            now = time.monotonic()
-            rate = (state.sent - last_sent) / (now - last_t)
-            last_sent, last_t = state.sent, now
-            timeline.append((time.time(), done, running))
-            line = (f"sent {state.sent:,}  running {running:,}  done {done:,}  errors "
-                    f"{state.errors:,}  rate {rate:,.0f}/s  send lateness p99 "
-                    f"{state.lateness.percentile_s(99) * 1000:.2f} ms")
-            print(("\r\x1b[K" if tty else "") + line, end="" if tty else "\n",
-                  file=sys.stderr, flush=True)
-
-    await task.app.async_redis().ping()
-    reporter = asyncio.create_task(report())
+def _profile(args: argparse.Namespace) -> Profile | None:
+    """The rate profile of the flags (None: none given, take the run's with --join)."""
+    given = [f for f in ("rate", "steps", "ramp") if getattr(args, f) is not None]
+    if len(given) > 1:
+        raise _Usage(f"give one of --rate, --steps, --ramp (got {', '.join(given)})")
     try:
-        await aopen_loop(send, args.rate, args.duration, state=state)
-    finally:
-        reporter.cancel()
-        await asyncio.gather(reporter, return_exceptions=True)
-        await task.app.aclose()
-        if tty:
-            print(file=sys.stderr)
-    return state, timeline
+        if args.steps is not None:
+            if args.step_s is None or args.duration is not None:
+                raise _Usage("--steps takes --step-s (each step's length), not --duration")
+            return Profile.steps(parse_steps(args.steps), args.step_s)
+        if args.step_s is not None:
+            raise _Usage("--step-s goes with --steps")
+        if not given:
+            if args.duration is not None:
+                raise _Usage("--duration needs --rate or --ramp")
+            return None
+        if args.duration is None:
+            raise _Usage(f"--{given[0]} needs --duration")
+        if args.ramp is not None:
+            lo, hi = parse_ramp(args.ramp)
+            return Profile.ramp(lo, hi, args.duration)
+        return Profile.constant(args.rate, args.duration)
+    except ValueError as exc:
+        raise _Usage(str(exc)) from None
+
+
+def _check(args: argparse.Namespace) -> tuple[Profile | None, list[AbortRule],
+                                              tuple[int, int] | None]:
+    profile = _profile(args)
+    try:
+        rules = [parse_abort(r) for r in args.abort_on]
+    except ValueError as exc:
+        raise _Usage(str(exc)) from None
+    part = None
+    if args.part is not None:
+        k, _, n = args.part.partition("/")
+        if not (k.isdigit() and n.isdigit() and 0 <= int(k) < int(n)) or args.join is None:
+            raise _Usage(f"--part {args.part!r}: K/N with 0 <= K < N, with --join")
+        part = (int(k), int(n))
+    if args.join is None and profile is None:
+        raise _Usage("give a rate profile: --rate R --duration S, --steps R1,R2 --step-s S "
+                     "or --ramp A:B --duration S (or --join RUN_ID)")
+    if args.join is not None and (args.run_id or args.producers > 1):
+        raise _Usage("--join adds this process to a run: not with --run-id or --producers")
+    if args.out is not None and Path(args.out).suffix.lower() not in (".html", ".png"):
+        raise _Usage(f"--out {args.out!r}: the file name ends in .html or .png")
+    return profile, rules, part
 
 
 def cmd_load(args: argparse.Namespace) -> int:
+    name = "batchq bench load"
     try:
-        job_args, job_kwargs = _parse_args(args.args)
-    except (ValueError, TypeError) as exc:
-        print(f"batchq bench load: bad --args: {exc}", file=sys.stderr)
+        profile, rules, part = _check(args)
+        job = _parse_args(args.args) if args.args is not None else None
+    except _Usage as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
         return exitcodes.EXIT_USAGE
+    except (ValueError, TypeError) as exc:
+        print(f"{name}: bad --args: {exc}", file=sys.stderr)
+        return exitcodes.EXIT_USAGE
+    if args.metrics_url:
+        print(f"{name}: --metrics-url is no longer needed: enqueue-to-start comes from the "
+              "workers themselves", file=sys.stderr)
     try:
         if ":" in args.task and ":" not in args.app:
             # the older order TASK MODULE:APP (task names cannot contain ':')
             args.app, args.task = args.task, args.app
         app = load_app(args.app)
     except AppImportError as exc:
-        print(f"batchq bench load: {exc} (took {args.app!r} as MODULE:APP and "
-              f"{args.task!r} as TASK)", file=sys.stderr)
+        print(f"{name}: {exc} (took {args.app!r} as MODULE:APP and {args.task!r} as TASK)",
+              file=sys.stderr)
         return exitcodes.EXIT_IMPORT
     if args.redis_url:
         from ..connection import RedisSettings
 
         app.redis_settings = RedisSettings(args.redis_url)
     task = app.tasks.get(args.task)
-    if task is None:
-        print(f"batchq bench load: no task {args.task!r} in {args.app} (tasks: "
+    if task is None or task.is_batch:
+        why = "is a batch task (not supported)" if task else "is not a task"
+        print(f"{name}: {args.task!r} {why} in {args.app} (tasks: "
               f"{', '.join(sorted(app.tasks)) or 'none'})", file=sys.stderr)
         return exitcodes.EXIT_USAGE
     import redis
 
-    queue = app.queue(task.queue)
     try:
-        progress = _Progress(queue)
-        before = scrape_wait(args.metrics_url, task.queue, task.name) \
-            if args.metrics_url else None
+        code: int = _run_async(_load(args, app, task, profile, rules, part, job))
+        return code
+    except _Usage as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return exitcodes.EXIT_USAGE
     except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-        print(f"batchq bench load: cannot reach Redis or the metrics URL: {exc}",
-              file=sys.stderr)
+        print(f"{name}: cannot reach Redis: {exc}", file=sys.stderr)
         return exitcodes.EXIT_REDIS
-    tty = sys.stderr.isatty()
-    try:
-        state, _ = _run_async(_run_load(args, task, job_args, job_kwargs, progress, tty))
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
-    settled_s = _settle(progress, state, args.settle)
-    enq, done, running = progress.sample()
-    after = None
-    if args.metrics_url and before is not None:
-        try:
-            after = scrape_wait(args.metrics_url, task.queue, task.name)
-        except OSError as exc:
-            print(f"batchq bench load: could not scrape {args.metrics_url}: {exc}",
-                  file=sys.stderr)
-    end = state.start_s + settled_s if settled_s is not None else time.time()
-    report: dict[str, Any] = {
-        "task": task.name, "queue": task.queue, **state.as_dict(),
-        "completed": done, "others_enqueued": max(0, enq - state.sent),
-        "completion_rate": done / max(1e-6, end - state.start_s),
-        "running_at_end": running, "peak_pending": progress.peak_pending,
-        "settled_after_last_send_s": None if settled_s is None
-        else max(0.0, end - state.last_send_s),
-        "worker_wait_ms": wait_percentiles(before, after) if before and after else None,
-    }
-    if args.json:
-        print(json.dumps(report, indent=1))
-    else:
-        print(render(report))
-    return 1 if state.errors else 0
 
 
 def _run_async(coro: Any) -> Any:
@@ -322,44 +284,93 @@ def _run_async(coro: Any) -> Any:
         return asyncio.run(coro)
 
 
-def _settle(progress: _Progress, state: LoadState, limit_s: float) -> float | None:
-    """Seconds from the schedule's start until the queue is back to its starting
-    number of pending jobs (None: not within ``limit_s`` after the last send)."""
-    deadline = time.monotonic() + limit_s
-    while True:
-        progress.sample()
-        if progress.last[1] <= progress.base[1]:
-            return time.time() - state.start_s
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(0.05)
+async def _load(args: argparse.Namespace, app: Any, task: Any, profile: Profile | None,
+                rules: list[AbortRule], part: tuple[int, int] | None,
+                job: tuple[list[Any], dict[str, Any]] | None) -> int:
+    tty = sys.stderr.isatty()
+
+    def say(line: str) -> None:
+        if part is None:
+            print(("\r\x1b[K" if tty else "") + line, end="" if tty else "\n",
+                  file=sys.stderr, flush=True)
+
+    run_id = args.join or args.run_id or new_run_id()
+    try:
+        keys = load_keys(app.namespace, run_id)
+    except ValueError as exc:
+        raise _Usage(str(exc)) from None
+    d = Driver(task, keys, run_id, app.async_redis(), app.async_scripts(), rules, say)
+    children: list[Any] = []
+    try:
+        await d.redis.ping()
+        if args.join is None:
+            job_args, job_kwargs = job or ([], {})
+            try:
+                await d.open(profile, job_args, job_kwargs, CHILD_LEAD_S,  # type: ignore[arg-type]
+                             args.producers)
+            except ValueError as exc:
+                raise _Usage(str(exc)) from None
+            print(f"load run {run_id} (other machines: --join {run_id})", file=sys.stderr)
+            # the producers are child processes even when there is one: their event loop
+            # does nothing but send, so reading and judging the run costs them no lateness
+            children = spawn_children(args.app, task.name, run_id, args.producers,
+                                      app.redis_url)
+            await d.watch(lambda: all(c.poll() is not None for c in children))
+        else:
+            try:
+                meta = await d.join()
+            except RunGone as exc:
+                raise _Usage(str(exc)) from None
+            if meta.get("task") != task.name:
+                raise _Usage(f"run {run_id} loads task {meta.get('task')!r}, not "
+                             f"{task.name!r}")
+            inherited = profile is None
+            profile = profile or profile_of(meta)
+            run_args = json.loads(meta.get("args") or "{}")
+            job_args, job_kwargs = job or (list(run_args.get("args", [])),
+                                           dict(run_args.get("kwargs", {})))
+            now = time.time() + 0.2
+            start_s = float(meta["start_s"]) if part else \
+                max(now, float(meta["start_s"])) if inherited else now
+            if part is not None:
+                st = await d.produce(profile, job_args, job_kwargs, start_s, part)
+                return 1 if st.errors else 0
+            await _produce_and_watch(d, profile, job_args, job_kwargs, start_s, (0, 1))
+        run = await d.settle(args.settle)
+        if tty:
+            print(file=sys.stderr)
+        run.meta["run_id"] = run_id
+        report = build(run)
+        if args.json:
+            print(json.dumps(report, indent=1))
+            for note in bottlenecks(run):
+                print(f"note: {note}", file=sys.stderr)
+        else:
+            print(render(run, report))
+        if args.out:
+            out = Path(args.out)
+            plan = profile_of(run.meta) if run.meta.get("profile") else profile
+            (write_png if out.suffix.lower() == ".png" else write_html)(out, run, report, plan)
+            print(f"wrote {out}", file=sys.stderr)
+        aborted = run.meta.get("status") == "aborted"
+        if aborted:
+            print(f"aborted: {run.meta.get('reason', '')}", file=sys.stderr)
+        return 1 if aborted or run.num("send_errors") else 0
+    finally:
+        for c in children:
+            if c.poll() is None:
+                c.wait()
+        await app.aclose()
 
 
-def render(r: dict[str, Any]) -> str:
-    """The report as a markdown table."""
-    late = r["send_lateness_ms"]
-    rows = [
-        ("task", f"{r['task']} (queue {r['queue']})"),
-        ("offered rate", f"{r['offered_rate']:,.1f} jobs/s for {r['duration_s']:g} s"),
-        ("sent / errors", f"{r['sent']:,} / {r['errors']:,}"
-         + (f" ({r['first_error']})" if r["first_error"] else "")),
-        ("achieved send rate", f"{r['achieved_send_rate']:,.1f} jobs/s"),
-        ("send lateness p50 / p90 / p99 / p99.9 / max",
-         " / ".join(f"{late[k]:.2f}" for k in percentile_keys()) + " ms"),
-        ("completed (queue-wide)", f"{r['completed']:,}"
-         + (f" (includes {r['others_enqueued']:,} jobs of other producers)"
-            if r["others_enqueued"] else "")),
-        ("completion rate", f"{r['completion_rate']:,.1f} jobs/s"),
-        ("peak pending", f"{r['peak_pending']:,}"),
-        ("queue back to its starting depth", "not within --settle"
-         if r["settled_after_last_send_s"] is None
-         else f"{r['settled_after_last_send_s']:.2f} s after the last send"),
-    ]
-    w = r["worker_wait_ms"]
-    if w is not None:
-        rows.append((f"workers' enqueue-to-start, {w['count']:,.0f} jobs (bucket bounds)",
-                     " / ".join(f"<= {w[k]:g}" for k in percentile_keys()) + " ms "
-                     "(p50 / p90 / p99 / p99.9 / max)"))
-    out = ["| figure | value |", "|---|---|"]
-    out += [f"| {k} | {v} |" for k, v in rows]
-    return "\n".join(out)
+async def _produce_and_watch(d: Driver, profile: Profile, job_args: list[Any],
+                             job_kwargs: dict[str, Any], start_s: float,
+                             part: tuple[int, int]) -> None:
+    done = False
+    watcher = asyncio.create_task(d.watch(lambda: done))
+    try:
+        await d.produce(profile, job_args, job_kwargs, start_s, part)
+    finally:
+        done = True
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)

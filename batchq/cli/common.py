@@ -85,7 +85,12 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 def text(v: Any) -> str:
     """A value read from Redis as one printable line: bytes that are not UTF-8, control
-    characters (a terminal escape in a job id) and lone surrogates shown escaped."""
+    characters (a terminal escape in a job id) and lone surrogates shown escaped. A
+    ``surrogateescape`` string (an id that was not UTF-8, as ``Queue`` lists it) shows
+    its bytes: ``bad-\\xff``, what a shell's ``$'bad-\\xff'`` gives back."""
+    if isinstance(v, str):
+        with contextlib.suppress(UnicodeEncodeError):  # another lone surrogate: below
+            v = v.encode("utf-8", "surrogateescape")
     s = v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else str(v)
     return _CONTROL.sub(lambda m: m.group().encode("unicode_escape",
                                                    "backslashreplace").decode("ascii"), s)

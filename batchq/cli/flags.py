@@ -72,6 +72,21 @@ def seconds(*, zero_ok: bool) -> Callable[[str], float]:
     return parse
 
 
+def seconds_between(low: float, high: float) -> Callable[[str], float]:
+    """A number of seconds from ``low`` to ``high``."""
+    check = seconds(zero_ok=True)
+
+    def parse(raw: str) -> float:
+        v = check(raw)
+        if not low <= v <= high:
+            raise argparse.ArgumentTypeError(
+                f"must be {low:g} to {high:g} seconds, got {raw.strip()!r}")
+        return v
+
+    parse.__name__ = "seconds"
+    return parse
+
+
 def boolean(raw: str) -> bool:
     if raw.lower() in ("1", "true", "yes", "on"):
         return True

@@ -1,8 +1,10 @@
-"""``batchq info``: queue counts and live workers, once or refreshed.
+"""``batchq info``: queue counts, live workers and periodic tasks, once or refreshed.
 
-Data is read defensively: a queue whose entries cannot be read (a malformed job at the
-head of a ready list, a name that is not UTF-8) is flagged in its row with the problem,
-and every other queue and worker is still shown. Worker ages (up, last heartbeat) come
+What it shows is ``batchq.overview.snapshot`` (``--json`` prints it as it is; the web
+console's ``/api/info`` answers the same). Data is read defensively: a queue whose
+entries cannot be read (a malformed job at the head of a ready list, a name that is not
+a queue name) is flagged in its row with the problem, and every other queue and worker
+is still shown. Worker ages (up, last heartbeat) come
 from the timestamps in the worker registry, so a worker that died recently shows how
 stale its entry is.
 """
@@ -17,9 +19,8 @@ from typing import Any
 import redis
 
 from .. import exitcodes
-from ..app import App
-from ..keys import queues_key, worker_info_key, workers_key
-from ..queue import Queue
+from ..overview import snapshot
+from ..worker.registry import STALE_AFTER_S
 from .common import (
     Target,
     add_common,
@@ -35,118 +36,20 @@ from .common import (
 )
 from .flags import seconds
 
-WORKER_TTL_S = 30.0
-"""A registry entry whose heartbeat is older than this is a dead worker."""
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
-
-_INT_FIELDS = frozenset({"pid", "concurrency", "succeeded", "failed", "in_flight"})
-_FLOAT_FIELDS = frozenset({"started_at", "heartbeat_at"})
-_BOOL_FIELDS = frozenset({"paused"})
-
-
-def _server_ms(r: redis.Redis) -> int:
-    sec, usec = r.time()
-    return int(sec) * 1000 + int(usec) // 1000
-
-
-def _parse_worker(fields: dict[Any, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in fields.items():
-        key, val = text(k), text(v)
-        parsed: Any = val
-        try:
-            if key in _INT_FIELDS:
-                parsed = int(val)
-            elif key in _FLOAT_FIELDS:
-                parsed = float(val)
-            elif key in _BOOL_FIELDS:
-                parsed = val not in ("", "0", "false")
-        except ValueError:
-            parsed = val
-        out[key] = parsed
-    return out
-
-
-def live_workers(app: App) -> list[dict[str, Any]]:
-    """Registry entries whose heartbeat is at most ``WORKER_TTL_S`` old (server clock);
-    stale ids are pruned from the registry zset. ``heartbeat_age_s`` is measured on the
-    server's clock, so a worker on a machine with a skewed clock shows its true age."""
-    r = app.redis
-    key = workers_key(app.namespace)
-    now_ms = _server_ms(r)
-    cutoff = now_ms - int(WORKER_TTL_S * 1000)
-    pipe = r.pipeline(transaction=False)
-    pipe.zremrangebyscore(key, "-inf", f"({cutoff}")
-    pipe.zrangebyscore(key, cutoff, "+inf", withscores=True)
-    _, entries = pipe.execute()
-    if not entries:
-        return []
-    pipe = r.pipeline(transaction=False)
-    for member, _ in entries:
-        # the member as stored (bytes): an escaped form would name another key
-        wid = member.decode("utf-8", "surrogateescape") if isinstance(member, bytes) \
-            else str(member)
-        pipe.hgetall(worker_info_key(app.namespace, wid).encode("utf-8", "surrogateescape"))
-    workers: list[dict[str, Any]] = []
-    for (member, score), fields in zip(entries, pipe.execute(), strict=True):
-        wid = text(member)
-        w: dict[str, Any] = _parse_worker(fields) if fields else {"id": wid}
-        w["id"] = text(w.get("id", wid))
-        w.setdefault("heartbeat_at", float(score) / 1000)
-        w["heartbeat_age_s"] = round(max(0.0, now_ms - float(score)) / 1000, 3)
-        workers.append(w)
-    workers.sort(key=lambda w: str(w["id"]))
-    return workers
-
-
-def _queue_row(q: Queue) -> dict[str, Any]:
-    """One queue's counts; a queue whose data cannot be read is flagged, not fatal."""
-    try:
-        st = q.stats()
-    except (redis.ConnectionError, redis.TimeoutError):
-        raise
-    except Exception as exc:  # malformed data written by hand: report, do not crash
-        return {"error": f"cannot read the queue's counts: {type(exc).__name__}: {exc} "
-                "(malformed entry?)"}
-    row: dict[str, Any] = {
-        "ready": st.ready,
-        "delayed": st.delayed,
-        "reserved": st.reserved,
-        "dead": st.dead,
-        "paused": st.paused,
-        "oldest_age_s": round(st.oldest_age_s, 3),
-    }
-    # filled by Queue.stats when a ready list starts with an entry it cannot decode
-    malformed = getattr(st, "malformed_heads", None)
-    if malformed:
-        row["malformed_heads"] = malformed
-    return row
-
-
-def snapshot(t: Target) -> dict[str, Any]:
-    """What ``batchq info --json`` prints: queue counts and live workers."""
-    r = t.app.redis
-    names = {text(m) for m in r.smembers(queues_key(t.namespace))} | set(t.app_queues)
-    queues: dict[str, Any] = {}
-    for name in sorted(names):
-        try:
-            q = t.app.queue(name)
-        except ValueError:
-            queues[name] = {"error": "not a valid queue name (written by hand?)"}
-            continue
-        queues[name] = _queue_row(q)
-    return {"queues": queues, "workers": live_workers(t.app)}
 
 
 def _problems(snap: dict[str, Any]) -> list[str]:
     notes = []
     for name, q in snap["queues"].items():
         if "error" in q:
-            notes.append(f"queue {name}: {q['error']}")
+            notes.append(f"queue {text(name)}: {q['error']}")
         elif q.get("malformed_heads"):
-            notes.append(f"queue {name}: malformed entry at the head of a ready list "
+            notes.append(f"queue {text(name)}: malformed entry at the head of a ready list "
                          f"({text(q['malformed_heads'])}); the worker dead-letters it as "
                          "decode_error when it pops it")
+    if snap.get("periodic_error"):
+        notes.append(snap["periodic_error"])
     return notes
 
 
@@ -157,11 +60,11 @@ def render_info(t: Target, snap: dict[str, Any]) -> str:
         rows = []
         for name, q in qs.items():
             if "error" in q:
-                rows.append([name + " (!)", "?", "?", "?", "?", "?", "?"])
+                rows.append([text(name) + " (!)", "?", "?", "?", "?", "?", "?"])
                 continue
-            rows.append([name + (" (!)" if q.get("malformed_heads") else ""), str(q["ready"]),
-                         str(q["delayed"]), str(q["reserved"]), str(q["dead"]),
-                         "yes" if q["paused"] else "no",
+            flag = " (!)" if q.get("malformed_heads") else ""
+            rows.append([text(name) + flag, str(q["ready"]), str(q["delayed"]),
+                         str(q["reserved"]), str(q["dead"]), "yes" if q["paused"] else "no",
                          duration(q["oldest_age_s"]) if q["ready"] else "-"])
         lines.append(table(["QUEUE", "READY", "DELAYED", "RESERVED", "DEAD", "PAUSED",
                             "OLDEST"], rows, right={1, 2, 3, 4, 6}))
@@ -191,14 +94,34 @@ def render_info(t: Target, snap: dict[str, Any]) -> str:
                             "FAILED", "UP", "HEARTBEAT", "PAUSED"], rows,
                            right={2, 4, 5, 6, 7, 8, 9}))
         lines.append(f"(worker counts are as of each one's last heartbeat; a worker that "
-                     f"stopped is listed until its heartbeat is {WORKER_TTL_S:g}s old)")
+                     f"stopped is listed until its heartbeat is {STALE_AFTER_S:g}s old)")
+    ps: list[dict[str, Any]] = snap.get("periodic", [])
+    if ps:
+        lines += ["", f"periodic tasks: {len(ps)}", _periodic_table(ps)]
     return "\n".join(lines)
+
+
+def _periodic_table(ps: list[dict[str, Any]]) -> str:
+    now = time.time()
+    rows = []
+    for p in ps:
+        last, nxt = p.get("last_run_s"), p.get("next_run_s")
+        if nxt is None:
+            when = "-"
+        elif nxt >= now:
+            when = "in " + duration(nxt - now)
+        else:  # no scheduler has recorded a later tick: none runs, or it is stuck
+            when = "overdue " + duration(now - nxt)
+        rows.append([text(p["name"]), text(p["queue"]), text(p["schedule"]),
+                     duration(max(0.0, now - last)) + " ago" if last is not None else "never",
+                     when, text(p["leader"]) if p.get("leader") else "none"])
+    return table(["TASK", "QUEUE", "SCHEDULE", "LAST RUN", "NEXT RUN", "LEADER"], rows)
 
 
 def cmd_info(args: argparse.Namespace) -> int:
     t = target(args)
     if args.interval is None:
-        snap = snapshot(t)
+        snap = snapshot(t.app, t.app_queues)
         out(dumps(snap) if args.json else render_info(t, snap))
         for p in _problems(snap) if args.json else []:
             err(f"batchq info: {p}")
@@ -206,7 +129,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     try:
         while True:
             try:
-                snap = snapshot(t)
+                snap = snapshot(t.app, t.app_queues)
                 shown = dumps(snap) if args.json else render_info(t, snap)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 shown = f"{unreachable(t.url, exc)} (retrying every {args.interval:g}s)"
@@ -227,13 +150,15 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def add_commands(sub: Any) -> None:
     p = sub.add_parser(
-        "info", help="queue counts and live workers",
+        "info", help="queue counts, live workers and periodic tasks",
         description="Per queue: ready, delayed, reserved and dead jobs, whether it is "
         "paused and the age of its oldest ready job; then the live workers with the age "
-        "of their last heartbeat. A queue whose data cannot be read is flagged (!).")
+        "of their last heartbeat; then the periodic tasks with their last and next run "
+        "and the leading process. A queue whose data cannot be read is flagged (!).")
     add_common(p)
     p.add_argument("--json", action="store_true",
-                   help="print one JSON object {queues: {...}, workers: [...]}")
+                   help="print one JSON object {queues: {...}, workers: [...], "
+                   "periodic: [...]}")
     p.add_argument("-i", "--interval", type=seconds(zero_ok=False), default=None,
                    metavar="SECONDS",
                    help="refresh every SECONDS until Ctrl-C (with --json: one object per "

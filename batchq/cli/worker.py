@@ -15,14 +15,20 @@ import os
 import shutil
 import sys
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from ..app import App
 from ..exitcodes import EXIT_IMPORT, EXIT_OK, EXIT_RECYCLED, EXIT_REDIS, EXIT_USAGE
 from ..loading import AppImportError, load_app
+from ..web_settings import HOST, PORT, WebSettings
+from .common import Fail
 from .flags import add_redis_url, boolean, int_at_least, opt, port, seconds
+from .web import add_token, check_web
+
+if TYPE_CHECKING:
+    from ..web import WebServer
 
 log = logging.getLogger("batchq.cli")
 
@@ -61,6 +67,16 @@ def add_commands(sub: Any) -> None:
          help="address of the metrics server (0.0.0.0 in a container)")
     opt(w, "--no-metrics", env="NO_METRICS", default=False, kind=boolean,
          help="do not count jobs for Prometheus at all")
+    opt(w, "--web", env="WEB", default=False, kind=boolean,
+        help="serve the web console too (pip install 'batchq[web]'): with -p from the "
+        "metrics process, without -p from a thread of the worker")
+    opt(w, "--web-port", env="WEB_PORT", default=PORT, kind=port,
+        help="port of the web console (with --web; 0: any free port)")
+    opt(w, "--web-addr", env="WEB_ADDR", default=HOST,
+        help="address of the web console (with --web); any but loopback needs a token")
+    add_token(w, "--web-token", what="the web console (with --web)")
+    opt(w, "--web-read-only", env="WEB_READ_ONLY", default=False, kind=boolean,
+        help="the web console hides every action and refuses them (with --web)")
     add_redis_url(w)
     opt(w, "--log-level", env="LOG_LEVEL", default="INFO", help="log level")
     opt(w, "--log-format", env="LOG_FORMAT", default="plain", help="plain or json")
@@ -85,6 +101,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"batchq: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    web = WebSettings(args.web_addr, args.web_port, args.web_token, args.web_read_only) \
+        if args.web else None
+    if web is not None:
+        try:
+            check_web(web)  # here, so an unsafe console exits 2 before anything forks
+        except Fail as exc:
+            log.error("%s", exc)
+            return exc.code
     metrics_dir = _prepare_metrics_dir() if args.processes and not args.no_metrics else None
     before = set(sys.modules)
     try:
@@ -125,12 +149,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
             from ..metrics_http import serve_in_thread
 
             serve_in_thread(app, args.metrics_addr, args.metrics_port)
+        console = _start_console(app, web) if web is not None else None
         try:
             code = run_worker(app, settings)
             return EXIT_OK if code == EXIT_RECYCLED else code
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             log.error("lost Redis during start-up: %s", exc)
             return EXIT_REDIS
+        finally:
+            if console is not None:
+                console.stop()
     from ..supervisor import Supervisor, SupervisorSettings
 
     sup = Supervisor(
@@ -140,7 +168,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         SupervisorSettings(processes=args.processes, heartbeat_timeout_s=args.heartbeat_timeout,
                            log_level=args.log_level, log_format=args.log_format,
                            metrics_dir=metrics_dir, metrics_addr=args.metrics_addr,
-                           metrics_port=9808 if args.metrics_port is None else args.metrics_port),
+                           metrics_port=9808 if args.metrics_port is None else args.metrics_port,
+                           web=web),
         settings,
     )
     try:
@@ -148,6 +177,20 @@ def cmd_worker(args: argparse.Namespace) -> int:
     finally:
         if metrics_dir and not os.environ.get("BATCHQ_KEEP_METRICS_DIR"):
             _clean_metrics_dir(metrics_dir, remove=metrics_dir.startswith(_TEMP_PREFIX))
+
+
+def _start_console(app: App, web: WebSettings) -> WebServer | None:
+    """The web console in a thread of this worker process (its own event loop; the
+    worker's is untouched). Like the metrics server, one that cannot listen is logged and
+    the worker runs without it."""
+    from ..web import start_in_thread
+
+    try:
+        return start_in_thread(app, web.host, web.port, web.token, web.read_only,
+                               refresh_s=web.refresh_s)
+    except OSError as exc:
+        log.error("web console not started on %s:%d: %s", web.host, web.port, exc)
+        return None
 
 
 _TEMP_PREFIX = os.path.join(tempfile.gettempdir(), "batchq-metrics-")

@@ -1,10 +1,18 @@
-"""``make demo``: enqueue fake emails, drain them with one burst worker, check the result.
+"""``make demo``: a campaign of fake emails, drained by one burst worker, then checked.
 
-``python -m batchq.dev.demo [--jobs N]``. Without ``$BATCHQ_REDIS_URL`` an embedded Valkey is
-started for the run. Jobs are written with ``enqueue_many``; a real ``batchq worker``
-subprocess (``--burst``: it exits once the queue is empty) runs them while this process
-shows progress from ``Queue.stats()``. Exit code 0 only if the worker exited 0 and every
-job was acknowledged: nothing ready, delayed, reserved or dead.
+``python -m batchq.dev.demo [--jobs N] [--campaign ID] [--namespace NS]``. Without
+``$BATCHQ_REDIS_URL`` an embedded Valkey is started for the run. The emails are one
+campaign: written with ``enqueue_many`` and a dedup key per address, then sealed; a real
+``batchq worker`` subprocess (``--burst``: it exits once the queue is empty) runs them
+while this process shows the campaign's progress (a live bar on a terminal). The
+campaign's ``on_complete`` task prints the summary (run here, after the drain). Exit code
+0 only if the worker exited 0, every job was acknowledged (nothing ready, delayed,
+reserved or dead) and the campaign completed once.
+
+Run it twice with the same ``--campaign`` (and Redis) and the second run adds nothing:
+the campaign is sealed, and every address's key is held. A run with neither
+``--campaign`` nor ``--namespace`` works in a namespace of its own and deletes it at the
+end; otherwise the campaign is kept for the next run (and ``batchq campaign show``).
 
 Importing this module starts nothing: it only builds ``app`` (read by the worker as
 ``batchq.dev.demo:app``) from ``$BATCHQ_REDIS_URL`` and ``$BATCHQ_DEMO_NAMESPACE``.
@@ -23,19 +31,20 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from typing import IO
+from typing import IO, Any
 
 import redis
 
-from .. import App, QueueStats
+from .. import App, Campaign, QueueStats, Worker, WorkerSettings
 from ..connection import redact
-from ..keys import queues_key
 from ..producer import CHUNK, WINDOW
+from ..tracked import check_campaign_id
 from .server import EmbeddedServer
 
 NAMESPACE_ENV = "BATCHQ_DEMO_NAMESPACE"
 DEFAULT_NAMESPACE = "batchq-demo"
 QUEUE = "emails"
+CALLBACKS = "demo-callbacks"
 POLL_S = 0.2
 """Progress refresh period (the queue's counts are read 5 times a second)."""
 STALL_S = 60.0
@@ -51,14 +60,24 @@ async def send_email(to: str, subject: str) -> None:
     await asyncio.sleep(0)
 
 
+def campaign_done(campaign_id: str, stats: dict[str, Any]) -> None:
+    """The campaign's ``on_complete``: print the summary."""
+    took = stats["finished_at"] - stats["created_at"]
+    print(f"summary  campaign {campaign_id!r} complete: {stats['total']:,} emails, "
+          f"{stats['succeeded']:,} sent, {stats['dead']:,} failed, {stats['cancelled']:,} "
+          f"cancelled, in {took:.2f} s (on_complete ran once)", flush=True)
+
+
 def make_app(redis_url: str | None = None, namespace: str | None = None) -> App:
-    """The demo app: ``send_email`` on the ``emails`` queue.
+    """The demo app: ``send_email`` on the ``emails`` queue, ``campaign_done`` on
+    ``demo-callbacks``.
 
     ``None`` reads the environment (``$BATCHQ_REDIS_URL``, ``$BATCHQ_DEMO_NAMESPACE``),
     which is how the worker subprocess gets this run's server and namespace.
     """
     demo = App(redis_url, namespace or os.environ.get(NAMESPACE_ENV) or DEFAULT_NAMESPACE)
     demo.task(queue=QUEUE)(send_email)
+    demo.task(queue=CALLBACKS)(campaign_done)
     return demo
 
 
@@ -114,22 +133,35 @@ def _emails(n: int) -> Iterator[tuple[str, str]]:
         yield f"user{i}@example.com", f"Your weekly digest #{i}"
 
 
-def enqueue(demo: App, n: int, line: Line) -> bool:
-    """Write ``n`` jobs with ``enqueue_many`` (in slices, to show progress)."""
-    task = demo.tasks["send_email"]
+def _key(email: tuple[str, str]) -> str:
+    return f"demo:{email[0]}"
+
+
+def enqueue(demo: App, c: Campaign, n: int, line: Line) -> bool:
+    """Write ``n`` jobs into the campaign with ``enqueue_many`` and a dedup key each (in
+    slices, to show progress), then seal it. A sealed campaign gets nothing."""
+    before = c.stats()
+    if before.state != "open":
+        line.done(f"enqueue  nothing added: campaign {c.id!r} is {before.state} with "
+                  f"{before.total:,} jobs (dedup keys and the seal make a rerun harmless)")
+        return True
+    task = demo.tasks["send_email"].options(campaign=c)
     step = CHUNK * WINDOW  # one pipelined round trip of enqueue_many
     written = 0
     start = time.perf_counter()
     items = _emails(n)
     while written < n:
         part = min(step, n - written)
-        ids = task.enqueue_many(next(items) for _ in range(part))
+        ids = task.enqueue_many((next(items) for _ in range(part)), key_fn=_key)
         written += len(ids)
         elapsed = time.perf_counter() - start
         line.update(f"enqueue  {written:,} / {n:,}  {_rate(written, elapsed)}")
     elapsed = time.perf_counter() - start
-    line.done(f"enqueue  {n:,} jobs in {elapsed:.2f} s = {_rate(n, elapsed)} "
-              f"(enqueue_many, {CHUNK:,} jobs per script call)")
+    c.seal()
+    added = c.stats().total - before.total
+    line.done(f"enqueue  {added:,} jobs in {elapsed:.2f} s = {_rate(n, elapsed)} "
+              f"(enqueue_many with a dedup key per address; {n - added:,} already there; "
+              f"campaign {c.id!r} sealed)")
     return written == n
 
 
@@ -158,10 +190,45 @@ def _stop_worker(proc: subprocess.Popen[bytes], timeout_s: float = WORKER_STOP_S
             proc.wait()
 
 
-def drain(demo: App, n: int, line: Line, log: IO[bytes]) -> tuple[int | None, QueueStats]:
+class Bar:
+    """The live progress bar (``rich``) on a terminal; nothing elsewhere (``Line``
+    prints the numbers)."""
+
+    def __init__(self, c: Campaign, out: IO[str]) -> None:
+        self.progress: Any = None
+        if out.isatty():
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+            )
+
+            self.progress = Progress(
+                TextColumn(f"campaign {c.id}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]} jobs/s"), TimeRemainingColumn(),
+                TextColumn("failed {task.fields[dead]}"), transient=True)
+            self.task = self.progress.add_task("", total=None, rate="-", dead=0)
+            self.progress.start()
+
+    def update(self, done: int, total: int, rate: float, dead: int) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, completed=done, total=total or None,
+                                 rate=f"{rate:,.0f}", dead=dead)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+def drain(demo: App, c: Campaign, line: Line, log: IO[bytes]
+          ) -> tuple[int | None, QueueStats]:
     """Run one burst worker to the end, showing progress. Returns its exit code (None if
     it had to be stopped) and the queue's final counts."""
     queue = demo.queue(QUEUE)
+    n = c.stats().total
+    bar = Bar(c, sys.stdout)
     cmd = [sys.executable, "-m", "batchq", "worker", "batchq.dev.demo:app", "--burst",
            "--queues", QUEUE, "--log-level", "WARNING"]
     start = time.perf_counter()
@@ -179,14 +246,17 @@ def drain(demo: App, n: int, line: Line, log: IO[bytes]) -> tuple[int | None, Qu
             if code is not None:
                 break
             st = queue.stats()
-            done = n - st.pending
+            cs = c.stats()
+            done = cs.total - cs.pending
             if done > 0 and first is None:
                 first = (now, done)
             rate = (done - prev_done) / (now - prev_t)
             speed = rate if speed < 0 else 0.5 * speed + 0.5 * rate  # smoothed a little
             prev_t, prev_done = now, done
-            line.update(f"drain    {done:,} / {n:,} done  {max(speed, 0):,.0f} jobs/s  "
-                        f"ready {st.ready:,}  reserved {st.reserved:,}")
+            bar.update(done, cs.total, max(speed, 0), cs.dead)
+            if bar.progress is None:
+                line.update(f"drain    {done:,} / {n:,} done  {max(speed, 0):,.0f} jobs/s  "
+                            f"ready {st.ready:,}  reserved {st.reserved:,}")
             if st.pending != last_pending:
                 last_pending, last_move = st.pending, now
             elif now - last_move > (EXIT_GRACE_S if st.pending == 0 else STALL_S):
@@ -196,9 +266,11 @@ def drain(demo: App, n: int, line: Line, log: IO[bytes]) -> tuple[int | None, Qu
                           f"({_counts(st)}); stopping the worker")
                 _stop_worker(proc, timeout_s=5.0)
                 return None, queue.stats()
+        bar.close()
         elapsed = time.perf_counter() - start
         st = queue.stats()
-        done = n - st.pending
+        cs = c.stats()
+        done = cs.total - cs.pending
         steady = ""
         if first is not None and done > first[1] and elapsed - (first[0] - start) > 0:
             steady = f", {_rate(done - first[1], elapsed - (first[0] - start))} once running"
@@ -206,6 +278,7 @@ def drain(demo: App, n: int, line: Line, log: IO[bytes]) -> tuple[int | None, Qu
                   f"{_rate(done, elapsed)} (worker start to exit{steady})")
         return code, st
     finally:
+        bar.close()
         _stop_worker(proc)
 
 
@@ -220,28 +293,48 @@ def _show_log(log: IO[bytes], title: str) -> None:
             print(f"  {ln}", file=sys.stderr)
 
 
-def run(redis_url: str, n: int) -> int:
-    """The demo against ``redis_url`` in a namespace of its own; returns the exit code."""
-    namespace = f"demo{uuid.uuid4().hex[:8]}"
+def _callbacks(demo: App) -> None:
+    """Run the campaign's on_complete here (it prints the summary)."""
+    settings = WorkerSettings(queues=(CALLBACKS,), burst=True, metrics=False,
+                              install_signal_handlers=False, concurrency=1)
+    asyncio.run(Worker(demo, settings).run())
+
+
+def run(redis_url: str, n: int, campaign_id: str | None = None,
+        namespace: str | None = None) -> int:
+    """The demo against ``redis_url``; returns the exit code. With neither
+    ``campaign_id`` nor ``namespace`` it works in a namespace of its own, deleted at the
+    end; otherwise the campaign stays (a second run adds nothing)."""
+    private = campaign_id is None and namespace is None
+    namespace = namespace or (f"demo{uuid.uuid4().hex[:8]}" if private else DEFAULT_NAMESPACE)
     demo = make_app(redis_url, namespace)
     line = Line(sys.stdout)
     ok = False
     try:
+        c = demo.campaign(campaign_id or f"emails-{uuid.uuid4().hex[:8]}",
+                          on_complete=demo.tasks["campaign_done"])
         print(f"queue    {QUEUE!r} in namespace {namespace!r}; task send_email(to, subject): "
-              "simulated, no network")
-        if not enqueue(demo, n, line):
+              f"simulated, no network; campaign {c.id!r}")
+        if not enqueue(demo, c, n, line):
             print("FAILED: enqueue_many returned fewer ids than items", file=sys.stderr)
             return 1
         print("worker   batchq worker batchq.dev.demo:app --burst  (1 process, "
               f"concurrency {os.environ.get('BATCHQ_CONCURRENCY', '100')})")
         with tempfile.TemporaryFile() as log:
-            code, st = drain(demo, n, line, log)
+            code, st = drain(demo, c, line, log)
             problems = []
             if code != 0:
                 problems.append("worker did not finish" if code is None
                                 else f"worker exited {code}")
             if st.pending or st.dead:
                 problems.append(f"jobs left: {_counts(st)}")
+            if not problems:
+                _callbacks(demo)
+                cs = c.stats()
+                if not cs.done or cs.pending or cs.succeeded != cs.total:
+                    problems.append(f"campaign not complete: {cs}")
+                elif demo.queue(CALLBACKS).stats().pending:
+                    problems.append("the completion callback did not run")
             if problems:
                 _show_log(log, "worker log")
                 print(f"FAILED: {'; '.join(problems)} (namespace {namespace!r} kept for "
@@ -252,9 +345,10 @@ def run(redis_url: str, n: int) -> int:
         ok = True
         return 0
     finally:
-        if ok:  # leave nothing behind in a shared Redis
-            demo.queue(QUEUE).clear()
-            demo.redis.delete(queues_key(namespace))
+        if ok and private:  # leave nothing behind in a shared Redis
+            keys = list(demo.redis.scan_iter(match=f"{namespace}:*", count=1000))
+            for i in range(0, len(keys), 500):
+                demo.redis.delete(*keys[i : i + 500])
         demo.close()
 
 
@@ -265,6 +359,12 @@ def _parser() -> argparse.ArgumentParser:
         "Uses $BATCHQ_REDIS_URL, or an embedded Valkey when it is unset.")
     p.add_argument("--jobs", type=int, default=100_000, metavar="N",
                    help="how many jobs to enqueue and run (default 100,000)")
+    p.add_argument("--campaign", default=None, metavar="ID",
+                   help="the campaign id; run again with the same id to see nothing added "
+                   "(default: a new one, deleted at the end)")
+    p.add_argument("--namespace", default=None, metavar="NS",
+                   help=f"key namespace (default {DEFAULT_NAMESPACE} with --campaign, else a "
+                   "new one, deleted at the end)")
     return p
 
 
@@ -273,16 +373,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.jobs < 1:
         print("--jobs must be at least 1", file=sys.stderr)
         return 2
+    try:
+        if args.campaign is not None:
+            check_campaign_id(args.campaign)
+        if args.namespace is not None:
+            App("redis://127.0.0.1:1/0", args.namespace)
+    except ValueError as exc:
+        print(f"python -m batchq.dev.demo: {exc}", file=sys.stderr)
+        return 2
     print(f"batchq demo: {args.jobs:,} fake emails through one burst worker")
     url = os.environ.get("BATCHQ_REDIS_URL")
     try:
         if url:
             print(f"redis    {redact(url)} (from $BATCHQ_REDIS_URL)")
-            return run(url, args.jobs)
+            return run(url, args.jobs, args.campaign, args.namespace)
         with EmbeddedServer() as server:
             print(f"redis    embedded Valkey at {server.url} ($BATCHQ_REDIS_URL is unset; "
                   "stopped at the end)")
-            return run(server.url, args.jobs)
+            return run(server.url, args.jobs, args.campaign, args.namespace)
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         print(f"\nFAILED: cannot reach Redis: {exc}", file=sys.stderr)
         return 1

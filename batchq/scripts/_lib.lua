@@ -111,12 +111,85 @@ local function forget_marks(recovered, started, ids)
   end
 end
 
+-- Tracked jobs: campaign members and jobs with a dedup key. Their ids end in "_m"
+-- (producer: codec.TRACKED_SUFFIX) and they have a jobmeta entry
+-- "<campaign>\n<key ttl ms>\n<dedup key>" until settled. Plain jobs pay one string
+-- compare here and no Redis call.
+local function tracked(id)
+  local a, b = string.byte(id, -2, -1)
+  return a == 95 and b == 109  -- "_m", without making a string
+end
+
+-- {id, campaign, key ttl ms, key} of the ids that still have a jobmeta entry.
+local function meta_of(jobmeta, ids)
+  local out = {}
+  if #ids == 0 then return out end
+  local vals = redis.call('HMGET', jobmeta, unpack(ids))
+  for i, v in ipairs(vals) do
+    if v then
+      local cid, ttl, key = string.match(v, '^([^\n]*)\n(%d*)\n(.*)$')
+      if cid then out[#out + 1] = {ids[i], cid, tonumber(ttl) or 0, key} end
+    end
+  end
+  return out
+end
+
+-- Settle tracked jobs for good: outcome 's' (succeeded), 'd' (dead) or 'c' (cancelled).
+-- Counted by membership: only jobs whose jobmeta entry is still there count, and the
+-- entry goes, so a redelivered or double-acked job counts once. A dedup key that still
+-- names its job starts to lapse (now + its ttl).
+-- Campaigns whose pending count on this queue reaches 0 while closed here (sealed or
+-- cancelled) are appended to `due`: the caller's process then tries to complete them.
+local function settle_tracked(campaigns, jobmeta, dedup, dedup_exp, ids, outcome, now, due)
+  if #ids == 0 then return end
+  local vals = redis.call('HMGET', jobmeta, unpack(ids))
+  local gone, per, order, keys, kids, kttl = {}, {}, {}, {}, {}, {}
+  for i = 1, #ids do
+    local v = vals[i]
+    local nl = v and string.find(v, '\n', 1, true)
+    if nl then
+      gone[#gone + 1] = ids[i]
+      if nl > 1 then
+        local cid = string.sub(v, 1, nl - 1)
+        if not per[cid] then order[#order + 1] = cid; per[cid] = 0 end
+        per[cid] = per[cid] + 1
+      end
+      local nl2 = string.find(v, '\n', nl + 1, true)
+      if nl2 and nl2 < #v then  -- a dedup key follows the second newline
+        keys[#keys + 1] = string.sub(v, nl2 + 1)
+        kids[#kids + 1] = ids[i]
+        kttl[#kttl + 1] = tonumber(string.sub(v, nl + 1, nl2 - 1)) or 0
+      end
+    end
+  end
+  for _, cid in ipairs(order) do
+    local n = per[cid]
+    redis.call('HINCRBY', campaigns, cid .. ':' .. outcome, n)
+    if redis.call('HINCRBY', campaigns, cid .. ':p', -n) <= 0 then
+      local f = redis.call('HGET', campaigns, cid .. ':f')
+      if f == 'sealed' or f == 'cancelled' then due[#due + 1] = cid end
+    end
+  end
+  if #keys > 0 then
+    local cur = redis.call('HMGET', dedup, unpack(keys))
+    local z = {}
+    for i, k in ipairs(keys) do
+      if cur[i] == kids[i] then
+        z[#z + 1] = now + kttl[i]
+        z[#z + 1] = k
+      end
+    end
+    if #z > 0 then redis.call('ZADD', dedup_exp, unpack(z)) end
+  end
+  redis.call('HDEL', jobmeta, unpack(gone))
+end
+
 -- Ready-job bitmaps (keys.py T:waiting0..3): the sequence number in an id made by
--- enqueue ("...-<hex>"), or nil for any other id.
+-- enqueue ("...-<hex>", or "...-<hex>_m" for a tracked job), or nil for any other id.
 local WAIT_GEN = 8388608  -- 2^23 bits per generation (keys.WAIT_GEN_BITS)
 local function seq_of(id)
   if string.sub(id, 18, 18) ~= '-' then return nil end
-  return tonumber(string.sub(id, 19), 16)
+  return tonumber(string.sub(id, 19, tracked(id) and -3 or -1), 16)
 end
 
 -- The next free sequence number (T:seq), read once per call.

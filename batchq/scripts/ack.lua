@@ -4,22 +4,30 @@
 -- KEYS[2]  inflight hash
 -- KEYS[3]  stats hash: "succeeded" counts the acks applied, exactly once each
 -- KEYS[4]  recovered hash, KEYS[5] started hash: the crash marks (pop.lua), forgotten
+-- KEYS[6]  campaigns hash, KEYS[7] jobmeta hash, KEYS[8] dedup hash, KEYS[9] dedup:exp
+--          zset: tracked jobs (ids ending "_m") are settled as succeeded (_lib.lua)
 -- ARGV     leases "<id>:<attempt>" (at most 1000 per call)
 -- Returns  the positions (1-based) of stale leases: ones no longer reserved (the lease
 --          expired and the job was handed out again or dead-lettered). A stale ack
---          deletes nothing.
+--          deletes nothing. When campaigns became due (see settle_tracked), a 0 follows
+--          the positions, then their ids.
 local reserved = KEYS[1]
 local inflight = KEYS[2]
 local stats = KEYS[3]
 local recovered = KEYS[4]
 local started = KEYS[5]
+local campaigns = KEYS[6]
+local jobmeta = KEYS[7]
+local dedup = KEYS[8]
+local dedup_exp = KEYS[9]
 
 local scores = redis.call('ZMSCORE', reserved, unpack(ARGV))
-local live, ids, stale = {}, {}, {}
+local live, ids, stale, marked = {}, {}, {}, {}
 for i, m in ipairs(ARGV) do
   if scores[i] then
     live[#live + 1] = m
     ids[#ids + 1] = member_id(m)
+    if tracked(ids[#ids]) then marked[#marked + 1] = ids[#ids] end
   else
     stale[#stale + 1] = i
   end
@@ -29,5 +37,13 @@ if #live > 0 then
   redis.call('HDEL', inflight, unpack(ids))
   redis.call('HINCRBY', stats, 'succeeded', #live)
   forget_marks(recovered, started, ids)
+  if #marked > 0 then
+    local due = {}
+    settle_tracked(campaigns, jobmeta, dedup, dedup_exp, marked, 's', now_ms(), due)
+    if #due > 0 then
+      stale[#stale + 1] = 0
+      for _, cid in ipairs(due) do stale[#stale + 1] = cid end
+    end
+  end
 end
 return stale

@@ -16,34 +16,45 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..keys import MAX_PRIORITY, LockKeys, QueueKeys
+from ..keys import MAX_PRIORITY, CampaignKeys, LoadKeys, LockKeys, QueueKeys
 
 _WAIT = ("seq", "waiting0", "waiting1", "waiting2", "waiting3")  # the ready-job bitmaps
 _READY_ALL = tuple(f"ready{p}" for p in range(MAX_PRIORITY, -1, -1))
+_TRACKED = ("campaigns", "jobmeta", "dedup", "dedup_exp")
 
 KEY_ORDER: dict[str, tuple[str, ...]] = {
     "enqueue": ("ready", "wake", "inflight", "stats", "pending", *_WAIT),
     "schedule": ("delayed", "wake", "inflight", "ready", "stats", "pending"),
     "pop": ("delayed", "reserved", "inflight", "dead", "dead_jobs", "wake", "paused",
-            *_READY_ALL, "stats", "recovered", "started", "pending", "cancel", "done",
-            *_WAIT),
-    "ack": ("reserved", "inflight", "stats", "recovered", "started"),
+            *_READY_ALL, "stats", "recovered", "started", *_TRACKED, "pending", "cancel",
+            "done", *_WAIT),
+    "ack": ("reserved", "inflight", "stats", "recovered", "started", *_TRACKED),
     "ack_result": ("reserved", "inflight", "stats", "recovered", "started", "done",
-                   "waiters"),
+                   "waiters", *_TRACKED),
     "nack": ("reserved", "inflight", "delayed", "dead", "dead_jobs", "wake", "stats",
-             "recovered", "started", "pending", "done"),
+             "recovered", "started", *_TRACKED, "pending", "done"),
     "release": ("reserved", "inflight", "wake", *_READY_ALL, "started", "pending"),
+    "enqueue_tracked": ("ready", "delayed", "wake", "inflight", "stats", *_TRACKED,
+                        "pending", *_WAIT),
+    "campaign_queue": ("campaigns", "reserved", "jobmeta"),
+    "campaign_open": ("record",),
+    "campaign_join": ("record", "queues"),
+    "campaign_close": ("record", "queues"),
+    "campaign_finish": ("record", "queues"),
     "extend": ("reserved",),
     "start": ("reserved", "started"),
     "redrive": ("dead", "dead_jobs", "wake", *_READY_ALL, "stats", "pending"),
     "trim_dead": ("dead", "dead_jobs"),
     "periodic_tick": ("periodic", "ready", "wake", "stats", "pending"),
-    "cancel": ("pending", "cancel", "cancelled", "delayed", "stats", "done", *_WAIT),
+    "cancel": ("pending", "cancel", "cancelled", "delayed", "stats", "done", *_WAIT,
+               *_TRACKED),
     "status": ("pending", "inflight", "dead_jobs", "cancelled", "cancel", *_WAIT),
     "reserve": _WAIT,
     "lock_acquire": ("token", "fence"),
     "lock_release": ("token",),
     "lock_extend": ("token",),
+    "load_open": ("meta",),
+    "load_merge": ("sum", "timeline", "meta"),
 }
 """Script name -> the name of each KEYS slot, in order."""
 
@@ -57,7 +68,8 @@ class Call:
     args: list[Any]
 
 
-def _keys(script: str, k: QueueKeys | LockKeys, priority: int | None = None) -> list[str]:
+def _keys(script: str, k: QueueKeys | LockKeys | LoadKeys | CampaignKeys,
+          priority: int | None = None) -> list[str]:
     out = []
     for name in KEY_ORDER[script]:
         if name.startswith("ready"):
@@ -92,6 +104,45 @@ def schedule(k: QueueKeys, priority: int, mode: str, when_ms: int,
     server's now) or ``"abs"`` (Unix ms)."""
     return Call("schedule", _keys("schedule", k, priority),
                 ["1" if check else "0", mode, when_ms, *entries])
+
+
+def enqueue_tracked(k: QueueKeys, priority: int, mode: str, when_ms: int, campaign: str,
+                    key_ttl_ms: int, trim: int, pairs: Sequence[bytes | str], *,
+                    check: bool) -> Call:
+    """Write tracked jobs: ``pairs`` is (entry, dedup key or "") flattened; ``mode``
+    ``"ready"``, ``"rel"`` or ``"abs"`` (then ``when_ms`` is the delay or due time);
+    ``campaign`` "" for none; ``trim``: lapsed dedup keys dropped at most."""
+    return Call("enqueue_tracked", _keys("enqueue_tracked", k, priority),
+                ["1" if check else "0", mode, when_ms, campaign, key_ttl_ms, trim, *pairs])
+
+
+def campaign_queue(k: QueueKeys, campaign: str, mode: str, generation: str = "",
+                   scan: int = 100_000) -> Call:
+    """Read or change one campaign's flag on one queue (``campaign_queue.lua``);
+    ``scan``: leases looked at, at most, to count the campaign's running jobs."""
+    return Call("campaign_queue", _keys("campaign_queue", k),
+                [campaign, mode, generation, scan])
+
+
+def campaign_open(k: CampaignKeys, on_complete: str, queue: str, priority: int,
+                  max_attempts: int, ttl_ms: int) -> Call:
+    return Call("campaign_open", _keys("campaign_open", k),
+                [on_complete, queue, priority, max_attempts, ttl_ms])
+
+
+def campaign_join(k: CampaignKeys, queue: str) -> Call:
+    return Call("campaign_join", _keys("campaign_join", k), [queue])
+
+
+def campaign_close(k: CampaignKeys, mode: str) -> Call:
+    """``mode`` ``"seal"`` or ``"cancel"``."""
+    return Call("campaign_close", _keys("campaign_close", k), [mode])
+
+
+def campaign_finish(k: CampaignKeys, total: int, succeeded: int, dead: int,
+                    cancelled: int) -> Call:
+    return Call("campaign_finish", _keys("campaign_finish", k),
+                [total, succeeded, dead, cancelled])
 
 
 def pop(k: QueueKeys, want: int, lease_ms: int, chunk: int) -> Call:
@@ -185,3 +236,20 @@ def lock_release(k: LockKeys, token: str) -> Call:
 
 def lock_extend(k: LockKeys, token: str, ttl_ms: int) -> Call:
     return Call("lock_extend", _keys("lock_extend", k), [token, ttl_ms])
+
+
+def load_open(k: LoadKeys, mode: str, ttl_ms: int,
+              fields: Sequence[tuple[str, str]] = ()) -> Call:
+    """Create (``mode`` ``"new"``, with ``fields``) or join (``"join"``) a load run."""
+    args: list[Any] = [mode, ttl_ms]
+    for f, v in fields:
+        args += [f, v]
+    return Call("load_open", _keys("load_open", k), args)
+
+
+def load_merge(k: LoadKeys, ttl_ms: int, ops: Sequence[tuple[str, int, str, Any]]) -> Call:
+    """Merge ``ops`` ``(op, key 1..3, field, value)`` into a load run (see the script)."""
+    args: list[Any] = [ttl_ms, len(ops)]
+    for op in ops:
+        args += op
+    return Call("load_merge", _keys("load_merge", k), args)

@@ -15,6 +15,10 @@
 -- KEYS[6]  done: prefix of the per-job channels; announced with "c" on "<done>:<id>"
 -- KEYS[7]  seq counter; KEYS[8..11] waiting bitmaps, slots 0..3: the bit of a job still
 --          waiting since its enqueue (enqueue.lua), cleared here
+-- KEYS[12] campaigns hash, KEYS[13] jobmeta hash, KEYS[14] dedup hash, KEYS[15]
+--          dedup:exp zset: a tracked delayed job (id ending "_m") cancelled here is
+--          settled as cancelled in its campaign at once (a ready one when pop drops it);
+--          a campaign this makes due is completed by the workers' safety net
 -- ARGV[1]  job id
 -- ARGV[2]  how long cancelled records are kept (ms); older ones are trimmed here
 -- ARGV[3]  at most this many old records are trimmed per call
@@ -28,6 +32,10 @@ local stats = KEYS[5]
 local done = KEYS[6]
 local seq = KEYS[7]
 local WAIT0 = 8  -- KEYS[WAIT0 + s] is the bitmap of slot s (0..3)
+local campaigns = KEYS[12]
+local jobmeta = KEYS[13]
+local dedup = KEYS[14]
+local dedup_exp = KEYS[15]
 
 local id = ARGV[1]
 local v = redis.call('HGET', pending, id)
@@ -50,6 +58,9 @@ elseif v == 'r' or redis.call('ZREM', delayed, v) == 0 then
   redis.call('HSET', cancel, id, '1')
 else
   redis.call('HINCRBY', stats, 'cancelled', 1)
+  if tracked(id) then
+    settle_tracked(campaigns, jobmeta, dedup, dedup_exp, {id}, 'c', now, {})
+  end
 end
 if v then redis.call('HDEL', pending, id) end
 local old = redis.call('ZRANGEBYSCORE', cancelled, '-inf', now - tonumber(ARGV[2]), 'LIMIT', 0,

@@ -6,14 +6,17 @@
 --                                          worker's next look)
 -- KEYS[7]  stats hash: "dead" and "retried" count what was written
 -- KEYS[8]  recovered hash, KEYS[9] started hash: the crash marks (pop.lua), forgotten
--- KEYS[10] pending hash: a retried job waits in the delayed set again (id -> entry)
--- KEYS[11] done: prefix of the per-job channels; a dead-lettered job is announced on
+-- KEYS[10] campaigns hash, KEYS[11] jobmeta hash, KEYS[12] dedup hash, KEYS[13]
+--          dedup:exp zset: tracked jobs (ids ending "_m") that die are settled as dead
+--          (_lib.lua)
+-- KEYS[14] pending hash: a retried job waits in the delayed set again (id -> entry)
+-- KEYS[15] done: prefix of the per-job channels; a dead-lettered job is announced on
 --          "<done>:<id>" with "d" (result waiters wake)
 -- ARGV[1]  R, the number of retries that follow
 -- ARGV[2..2R+1]        pairs: lease "<id>:<attempt>", retry delay in ms
 -- ARGV[2R+2..]         pairs: lease, dead record (msgpack, built by the worker)
 -- Returns  the positions (1-based, counting pairs) of stale leases, for which nothing
---          was written.
+--          was written; when campaigns became due, a 0 follows, then their ids.
 local reserved = KEYS[1]
 local inflight = KEYS[2]
 local delayed = KEYS[3]
@@ -23,13 +26,18 @@ local wake = KEYS[6]
 local stats = KEYS[7]
 local recovered = KEYS[8]
 local started = KEYS[9]
-local pending = KEYS[10]
-local done = KEYS[11]
+local campaigns = KEYS[10]
+local jobmeta = KEYS[11]
+local dedup = KEYS[12]
+local dedup_exp = KEYS[13]
+local pending = KEYS[14]
+local done = KEYS[15]
 
 local now = now_ms()
 local r = tonumber(ARGV[1])
 local stale, finished = {}, {}
 local retried, buried = 0, 0
+local died = {}  -- tracked jobs that die
 local i = 2
 while i < #ARGV do
   local m, v = ARGV[i], ARGV[i + 1]
@@ -49,6 +57,7 @@ while i < #ARGV do
       redis.call('ZADD', dead, now, id)
       redis.call('PUBLISH', done .. ':' .. id, 'd')
       buried = buried + 1
+      if tracked(id) then died[#died + 1] = id end
     end
     redis.call('HDEL', inflight, id)
     finished[#finished + 1] = id
@@ -63,4 +72,12 @@ if retried + buried > 0 then
 end
 forget_marks(recovered, started, finished)
 if retried > 0 then leave_wake_token(wake) end
+if #died > 0 then
+  local due = {}
+  settle_tracked(campaigns, jobmeta, dedup, dedup_exp, died, 'd', now, due)
+  if #due > 0 then
+    stale[#stale + 1] = 0
+    for _, cid in ipairs(due) do stale[#stale + 1] = cid end
+  end
+end
 return stale

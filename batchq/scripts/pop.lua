@@ -14,13 +14,18 @@
 -- KEYS[19] recovered hash: id -> "<recoveries>:<crashes>" of jobs taken back from a
 --          worker whose lease expired
 -- KEYS[20] started hash: id -> lease whose handler started in isolation (start.lua)
--- KEYS[21] pending hash: id -> "r" | delayed entry (see enqueue.lua); kept in step with
+-- KEYS[21] campaigns hash, KEYS[22] jobmeta hash, KEYS[23] dedup hash, KEYS[24]
+--          dedup:exp zset: tracked jobs (ids ending "_m", _lib.lua) reaped dead are
+--          settled; a popped job of a campaign cancelled on this queue is not reserved:
+--          it is dropped and counted cancelled
+-- KEYS[25] pending hash: id -> "r" | delayed entry (see enqueue.lua); kept in step with
 --          every move below, and the popped ids leave it
--- KEYS[22] cancel hash: ids of cancelled ready jobs (cancel.lua); a popped one is
---          dropped (never reserved nor run) and counted in stats "cancelled"
--- KEYS[23] done: prefix of the per-job channels; a job dead-lettered here is announced
+-- KEYS[26] cancel hash: ids of cancelled ready jobs (cancel.lua); a popped one is
+--          dropped (never reserved nor run) and counted in stats "cancelled" (a tracked
+--          one is settled as cancelled in its campaign)
+-- KEYS[27] done: prefix of the per-job channels; a job dead-lettered here is announced
 --          on "<done>:<id>" with "d"
--- KEYS[24] seq counter; KEYS[25..28] waiting bitmaps, slots 0..3 (enqueue.lua): a popped
+-- KEYS[28] seq counter; KEYS[29..32] waiting bitmaps, slots 0..3 (enqueue.lua): a popped
 --          job's bit is cleared (one SETBIT per job; ids without a sequence number: none)
 -- ARGV[1]  how many jobs to pop (0 = maintenance only)
 -- ARGV[2]  lease in ms
@@ -39,7 +44,8 @@
 -- Returns {now_ms, next_due_ms or -1, next_deadline_ms or -1, promoted, reaped,
 --          expired (dead-lettered: lease_expired), malformed (dead-lettered:
 --          decode_error), crashed (dead-lettered: crashed_worker), {positions (1-based,
---          among the jobs) of jobs to run alone}, job, job, ...}; each job is the entry
+--          among the jobs) of jobs to run alone}, {ids of campaigns that became due:
+--          the worker tries to complete them}, job, job, ...}; each job is the entry
 --          with its attempt counted.
 local delayed = KEYS[1]
 local reserved = KEYS[2]
@@ -52,11 +58,15 @@ local READY9 = 8  -- KEYS[READY9 + 9 - p] is the ready list of priority p
 local stats = KEYS[18]
 local recovered = KEYS[19]
 local started = KEYS[20]
-local pending = KEYS[21]
-local cancel = KEYS[22]
-local done = KEYS[23]
-local seq = KEYS[24]
-local WAIT0 = 25  -- KEYS[WAIT0 + s] is the bitmap of slot s (0..3)
+local campaigns = KEYS[21]
+local jobmeta = KEYS[22]
+local dedup = KEYS[23]
+local dedup_exp = KEYS[24]
+local pending = KEYS[25]
+local cancel = KEYS[26]
+local done = KEYS[27]
+local seq = KEYS[28]
+local WAIT0 = 29  -- KEYS[WAIT0 + s] is the bitmap of slot s (0..3)
 
 local ISOLATE_AFTER = 2  -- recoveries after which a job runs alone, its start recorded
 
@@ -96,6 +106,7 @@ end
 local reaped, buried, crashed = 0, 0, 0
 local expired = redis.call('ZRANGEBYSCORE', reserved, '-inf', now, 'LIMIT', 0, chunk)
 local gone = {}
+local t_dead = {}  -- tracked jobs reaped dead
 for x = #expired, 1, -1 do
   local m = expired[x]
   local id = member_id(m)
@@ -118,6 +129,7 @@ for x = #expired, 1, -1 do
         redis.call('ZADD', dead, now, id)
         redis.call('PUBLISH', done .. ':' .. id, 'd')
         buried = buried + 1
+        if tracked(id) then t_dead[#t_dead + 1] = id end
       end
     elseif charged and a >= mx then
       ok = try_hset(dead_jobs, id, dead_record(id, 'crashed_worker',
@@ -128,6 +140,7 @@ for x = #expired, 1, -1 do
         redis.call('HDEL', recovered, id)
         redis.call('PUBLISH', done .. ':' .. id, 'd')
         crashed = crashed + 1
+        if tracked(id) then t_dead[#t_dead + 1] = id end
       end
     else
       if charged then
@@ -159,20 +172,28 @@ end
 if buried + crashed > 0 then
   redis.call('HINCRBY', stats, 'dead', buried + crashed)
 end
+local due = {}
+if #t_dead > 0 then
+  settle_tracked(campaigns, jobmeta, dedup, dedup_exp, t_dead, 'd', now, due)
+end
 if #moved > 0 or reaped > 0 then
   leave_wake_token(wake)
 end
 
 -- 3. pop and reserve
 local marks = {}
-local out = {now, -1, -1, #moved, reaped, buried, 0, crashed, marks}
+local out = {now, -1, -1, #moved, reaped, buried, 0, crashed, marks, due}
 local header_n = #out
 if want > 0 and redis.call('EXISTS', paused) == 0 then
   local deadline = now + lease
   local any_recovered = redis.call('HLEN', recovered) > 0
-  local any_cancelled = redis.call('HLEN', cancel) > 0
+  local any_tombstones = redis.call('HLEN', cancel) > 0
   local hargs, zargs, ids = {}, {}, {}
   local dropped = 0
+  -- tracked jobs: only while a campaign is cancelled on this queue ("~cancelled" > 0)
+  -- is each one's campaign flag looked up, to drop it; otherwise they cost nothing here
+  local any_cancelled = tonumber(redis.call('HGET', campaigns, '~cancelled') or '0') > 0
+  local flags, skipped = {}, {}
   for p = 9, 0, -1 do
     if want <= 0 then break end
     local items = redis.call('LPOP', ready_key(p), want)
@@ -180,9 +201,26 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
       want = want - #items
       for _, e in ipairs(items) do
         local ep, a, mx, id, hl = parse(e)
-        if ep and any_cancelled and redis.call('HDEL', cancel, id) == 1 then
+        if ep and any_tombstones and redis.call('HDEL', cancel, id) == 1 then
           -- cancelled while it waited (cancel.lua): dropped, never run
           dropped = dropped + 1
+          if tracked(id) then skipped[#skipped + 1] = id end
+          ep = false
+        end
+        if any_cancelled and ep and tracked(id) then
+          local v = redis.call('HGET', jobmeta, id)
+          local cid = v and string.match(v, '^([^\n]*)\n') or ''
+          if cid ~= '' and flags[cid] == nil then
+            flags[cid] = redis.call('HGET', campaigns, cid .. ':f') or ''
+          end
+          if cid ~= '' and flags[cid] == 'cancelled' then
+            skipped[#skipped + 1] = id
+            ids[#ids + 1] = id  -- popped: leaves the pending index and its bitmap
+            ep = false
+          end
+        end
+        if ep == false then
+          -- cancelled: dropped here (counted below), never reserved
         elseif ep then
           ids[#ids + 1] = id
           local r = with_attempt(e, ep, a + 1, mx, id, hl)
@@ -209,6 +247,8 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   if #hargs > 0 then
     redis.call('HSET', inflight, unpack(hargs))
     redis.call('ZADD', reserved, unpack(zargs))
+  end
+  if #ids > 0 then
     if redis.call('HLEN', pending) > 0 then
       redis.call('HDEL', pending, unpack(ids))
     end
@@ -220,6 +260,9 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   end
   if dropped > 0 then
     redis.call('HINCRBY', stats, 'cancelled', dropped)
+  end
+  if #skipped > 0 then
+    settle_tracked(campaigns, jobmeta, dedup, dedup_exp, skipped, 'c', now, due)
   end
   if want <= 0 then
     -- a full batch: more may be waiting, let the next idle worker look

@@ -38,9 +38,9 @@ from .state import BURST_POLL_S, PROMOTE_CHUNK, REDIS_ERRORS, State
 
 log = logging.getLogger("batchq.worker")
 
-_HEAD = 9
+_HEAD = 10
 """pop.lua's reply: {now, next_due, next_deadline, promoted, reaped, expired, malformed,
-crashed, recovered positions, jobs...}"""
+crashed, recovered positions, due campaigns, jobs...}"""
 
 
 class Fetcher:
@@ -141,7 +141,10 @@ class Fetcher:
                 # jobs rather than strand them until their leases expire
                 continue
             now, next_due, next_deadline, promoted, reaped, expired, malformed, crashed, \
-                marks = res[:_HEAD]
+                marks, due_campaigns = res[:_HEAD]
+            if due_campaigns:
+                st.due_campaigns.update(x.decode() for x in due_campaigns)
+                st.due_event.set()
             c.promoted += promoted
             c.reaped += reaped
             if expired or malformed or reaped or crashed:

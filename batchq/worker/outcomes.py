@@ -210,6 +210,12 @@ class Outcomes:
     def _count_flushed(self, batch: list[tuple[calls.Call, str, str, list[Any]]],
                        results: list[Any], elapsed_s: float) -> None:
         st = self.st
+        for i, r in enumerate(results):
+            if r and 0 in r:  # campaigns that became due follow a 0 (ack, ack_result, nack)
+                cut = r.index(0)
+                st.due_campaigns.update(x.decode() for x in r[cut + 1:])
+                st.due_event.set()
+                results[i] = r[:cut]
         st.counters.stale_acks += sum(len(r) for r in results)
         m = st.m
         if m is None:

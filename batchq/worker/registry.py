@@ -12,10 +12,15 @@ of that worker's details, expiring after ``INFO_TTL_S``. The heartbeat loop (eve
 
 A worker that dies stops refreshing: :func:`live_workers` leaves it out once its
 heartbeat is ``STALE_AFTER_S`` old, and reports every worker's heartbeat age.
+
+The same loop applies the dead-letter retention of each served queue
+(``queue.atrim_dead``) at start and then every ``TRIM_EVERY_S``: housekeeping off the
+hot path, whose errors are logged and never stop the heartbeat.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -25,6 +30,7 @@ from typing import Any
 import redis
 
 from ..keys import worker_info_key, workers_key
+from ..queue import atrim_dead
 from .state import REDIS_ERRORS, State
 
 log = logging.getLogger("batchq.worker")
@@ -39,6 +45,10 @@ refreshes)."""
 INFO_TTL_S = STALE_AFTER_S
 """The details hash expires when its worker stops refreshing it."""
 
+TRIM_EVERY_S = 60.0
+"""How often a worker applies the dead-letter retention to the queues it serves (and
+once at start)."""
+
 _INT_FIELDS = frozenset({"pid", "concurrency", "succeeded", "failed", "in_flight"})
 _FLOAT_FIELDS = frozenset({"started_at", "heartbeat_at"})
 _BOOL_FIELDS = frozenset({"paused"})
@@ -51,6 +61,7 @@ class Registry:
         self._workers_key = workers_key(state.app.namespace)
         self._shown: tuple[int, ...] | None = None
         self._last_beat = float("-inf")
+        self._trim_at = float("-inf")  # monotonic: at start, then every TRIM_EVERY_S
 
     def _view(self) -> tuple[int, ...]:
         c = self.st.counters
@@ -58,7 +69,9 @@ class Registry:
 
     async def heartbeat_loop(self) -> None:
         """Prove the loop turns: refresh the supervisor's heartbeat file every interval,
-        and the worker registry as described above."""
+        and the worker registry as described above; apply the dead-letter retention
+        now and then. Runs until cancelled (stop step 4): it keeps beating while
+        running jobs drain."""
         st = self.st
         path = st.settings.heartbeat_path
         while not st.closing:
@@ -67,7 +80,31 @@ class Registry:
                     os.utime(path)
             with contextlib.suppress(*REDIS_ERRORS):
                 await self.publish()
-            await st.sleep_unless_stopped(st.settings.heartbeat_interval_s)
+            if not st.stopping and time.monotonic() >= self._trim_at:
+                self._trim_at = time.monotonic() + TRIM_EVERY_S
+                await self.trim_dead()
+            # a plain sleep, not one that a stop cuts short: the stop event stays set
+            # while jobs drain, and the loop would spin
+            await asyncio.sleep(st.settings.heartbeat_interval_s)
+
+    async def trim_dead(self) -> int:
+        """Apply the app's dead-letter retention to every served queue; returns how many
+        dead jobs were deleted. A queue that fails (Redis down, a key of the wrong type)
+        is logged and skipped: retention is housekeeping, and an error here must never
+        end the heartbeat (the supervisor would kill the worker)."""
+        removed = 0
+        for k in self.st.queues:
+            try:
+                n = await atrim_dead(self.st.app, k.queue)
+            except Exception as exc:
+                log.warning("dead-letter retention of queue %s failed (%s: %s); retrying in "
+                            "%.0fs", k.queue, type(exc).__name__, exc, TRIM_EVERY_S)
+                continue
+            if n:
+                log.info("dead-letter retention: deleted %d dead jobs of queue %s", n,
+                         k.queue)
+            removed += n
+        return removed
 
     async def publish(self, force: bool = False) -> None:
         now = time.time()
@@ -133,7 +170,8 @@ def live_workers(r: redis.Redis, namespace: str, *,
                  stale_after_s: float = STALE_AFTER_S) -> list[dict[str, Any]]:
     """The workers whose heartbeat is at most ``stale_after_s`` old (server clock), each
     a dict of its published details plus ``heartbeat_age_s`` (how old its last
-    heartbeat is, seconds); sorted by id. Ids gone stale are pruned from the zset."""
+    heartbeat is, seconds); sorted by id. Ids gone stale are pruned from the zset. An id
+    that is not UTF-8 is a ``surrogateescape`` string (print it escaped)."""
     key = workers_key(namespace)
     sec, usec = r.time()
     now_ms = int(sec) * 1000 + int(usec) // 1000
@@ -144,14 +182,17 @@ def live_workers(r: redis.Redis, namespace: str, *,
     _, entries = pipe.execute()
     if not entries:
         return []
-    ids = [_text(m) for m, _ in entries]
+    # ids as stored: a member that is not UTF-8 (written by hand) comes back as a
+    # surrogateescape string, so it names its own details key, not a "replaced" one
+    ids = [m.decode("utf-8", "surrogateescape") if isinstance(m, bytes) else str(m)
+           for m, _ in entries]
     pipe = r.pipeline(transaction=False)
     for wid in ids:
-        pipe.hgetall(worker_info_key(namespace, wid))
+        pipe.hgetall(worker_info_key(namespace, wid).encode("utf-8", "surrogateescape"))
     workers: list[dict[str, Any]] = []
     for wid, (_, score), fields in zip(ids, entries, pipe.execute(), strict=True):
-        w: dict[str, Any] = _parse(fields) if fields else {"id": wid}
-        w.setdefault("id", wid)
+        w: dict[str, Any] = _parse(fields) if fields else {}
+        w["id"] = wid  # the registry's member is the id
         # the details hash is written only when they change; the zset score is the
         # heartbeat itself
         w["heartbeat_at"] = float(score) / 1000

@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..codec import Job
+from ..load.probe import LOAD_KWARG, Probe
 from .leases import Leases
 from .outcomes import Outcomes, describe
 from .state import YIELD_EVERY_S, State
@@ -80,6 +81,8 @@ class Runners:
         self.st = state
         self.out = outcomes
         self.leases = leases
+        self.probe: Probe | None = None
+        """Load-test figures (``batchq.load.probe``), made on the first load job."""
 
     def start(self) -> list[asyncio.Task[None]]:
         self.st.runner_tasks = [
@@ -208,16 +211,18 @@ class Runners:
         if m is not None:
             self._started(job, m)
             t0 = time.perf_counter()
+        fn = task.fn
+        if job.kwargs and LOAD_KWARG in job.kwargs:  # a `batchq bench load` job
+            fn = self._load_probe().wrap(job, fn, task.is_async)
         if not task.is_async:
-            await self._run_sync(task, job, task.fn, *job.args, **job.kwargs)
+            await self._run_sync(task, job, fn, *job.args, **job.kwargs)
         else:
             timeout = task.config.timeout_s
             try:
                 if timeout is None:
-                    value = await task.fn(*job.args, **job.kwargs)
+                    value = await fn(*job.args, **job.kwargs)
                 else:
-                    value = await _with_timeout(task.fn(*job.args, **job.kwargs), timeout,
-                                                job.task)
+                    value = await _with_timeout(fn(*job.args, **job.kwargs), timeout, job.task)
             except asyncio.CancelledError as exc:
                 if _we_are_cancelled():
                     st.interrupted.append(job)
@@ -237,6 +242,12 @@ class Runners:
                     self.out.ack_result(job, task, value, ttl_ms)
         if m is not None:
             m.run.observe((job.queue, job.task), time.perf_counter() - t0)
+
+    def _load_probe(self) -> Probe:
+        if self.probe is None:
+            st = self.st
+            self.probe = Probe(st.scripts, st.app.namespace, lambda: st.stopping)
+        return self.probe
 
     async def _run_sync(self, task: Task[..., Any], job: Job, fn: Callable[..., Any],
                         *args: Any, **kwargs: Any) -> None:

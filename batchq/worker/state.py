@@ -175,6 +175,8 @@ class State:
     bredis: AsyncRedis
     """The blocking-wait connection (socket timeout longer than the block)."""
     scripts: AsyncScripts
+    due_event: asyncio.Event
+    """Set when ``due_campaigns`` gained an id."""
 
     def __init__(self, app: App, settings: WorkerSettings, worker_id: str | None) -> None:
         self.app = app
@@ -214,6 +216,9 @@ class State:
         self.pool: ThreadPoolExecutor | None = None
         self.m: Recorder | None = None
         self.started_at = time.time()
+        self.due_campaigns: set[str] = set()
+        """Campaigns whose last pending job on a queue settled in this process's pop,
+        ack or nack: ``campaigns.FollowUp`` tries to complete them."""
 
     async def open(self) -> None:
         """Create what lives on the loop: events and the Redis clients."""
@@ -223,6 +228,7 @@ class State:
         self.flush_event = asyncio.Event()
         self.quiet = asyncio.Event()
         self.quiet.set()
+        self.due_event = asyncio.Event()
         s = self.settings
         self.redis = self.app.redis_settings.async_client()
         self.bredis = self.app.redis_settings.async_client(socket_timeout_s=s.max_block_s + 10)

@@ -1,17 +1,20 @@
 """One worker process: the stages composed on one event loop, and the stop order.
 
 ``Worker.run`` opens the shared state, starts the stages' loops (fetch, runners, flush,
-extend, heartbeat/registry, metrics) and, when the fetch loop ends (a stop, burst
-done, recycling), stops them in this order:
+extend, heartbeat/registry with the dead-letter retention, metrics, and the periodic
+scheduler unless in burst mode) and, when the fetch loop ends (a stop, burst done,
+recycling), stops them in this order:
 
 1. stop fetching: ``stopping`` is set, an idle wait ends, idle runners exit (a fast stop
-   also cancels the runners);
+   also cancels the runners); the stop event also ends the periodic scheduler, which
+   hands its leadership over;
 2. give back the jobs fetched but never started (``release.lua``);
 3. let running jobs finish until ``shutdown_timeout_s`` (0 when fast), then cancel them
    and give them back too (a handler that swallows the cancellation is waited for
    ``STOP_GRACE_S``, then its job is given back anyway);
-4. cancel the helper loops (waited for at most ``STOP_GRACE_S``), flush the results one
-   last time (8 tries), publish the metrics;
+4. wait for the periodic scheduler (at most ``SCHEDULER_STOP_S``), cancel the helper
+   loops (waited for at most ``STOP_GRACE_S``), flush the results one last time (8
+   tries), publish the metrics;
 5. leave the registry, cancel the blocking wait, shut the thread pool down without
    waiting, close both clients.
 """
@@ -19,6 +22,7 @@ done, recycling), stops them in this order:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from collections.abc import Callable
@@ -26,8 +30,10 @@ from typing import TYPE_CHECKING
 
 import redis
 
+from .. import periodic
 from ..exitcodes import EXIT_ERROR, EXIT_RECYCLED
 from ..keys import QueueKeys, queues_key
+from .campaigns import FollowUp
 from .fetch import Fetcher
 from .leases import Leases
 from .outcomes import Outcomes
@@ -39,6 +45,10 @@ if TYPE_CHECKING:
     from ..app import App
 
 log = logging.getLogger("batchq.worker")
+
+SCHEDULER_STOP_S = 3.0
+"""How long a stop waits for the periodic scheduler to hand its leadership over (its
+release gives up after 2 s; the lease frees the lock anyway)."""
 
 
 class Worker:
@@ -55,6 +65,7 @@ class Worker:
         self.fetcher = Fetcher(st, self.outcomes)
         self.runners = Runners(st, self.outcomes, self.leases)
         self.registry = Registry(st)
+        self.followup = FollowUp(st)
 
     @property
     def queues(self) -> tuple[QueueKeys, ...]:
@@ -120,19 +131,31 @@ class Worker:
         if s.install_signal_handlers:
             self._install_signals()
         await self._startup()
-        helpers = (
+        helpers = [
             asyncio.create_task(self.leases.extend_loop(), name="batchq-extend"),
             asyncio.create_task(self.outcomes.flush_loop(), name="batchq-flush"),
             asyncio.create_task(self.registry.heartbeat_loop(), name="batchq-heartbeat"),
             asyncio.create_task(self._metrics_loop(), name="batchq-metrics"),
-        )
+            asyncio.create_task(self.followup.loop(), name="batchq-campaigns"),
+        ]
+        # every process runs the scheduler, one of them leads; a burst worker exits
+        # when drained, so it never takes a leadership it would drop at once
+        sched = None if s.burst else asyncio.create_task(
+            periodic.run_scheduler(self.app, st.stop_event), name="batchq-periodic")
+        if sched is not None:
+            sched.add_done_callback(_scheduler_ended)
         self.runners.start()
         try:
             await self.fetcher.fetch_loop()
         finally:
             st.stopping = True
+            st.stop_event.set()  # a recycle or a failed fetch loop did not set it
             st.wake_runners(len(st.idle_runners))
             await self._drain()
+            if sched is not None:
+                # it ends by itself on the stop event, releasing the leader lock
+                await asyncio.wait([sched], timeout=SCHEDULER_STOP_S)
+                helpers.append(sched)
             st.closing = True
             for t in helpers:
                 t.cancel()
@@ -141,7 +164,10 @@ class Worker:
             _, stuck = await asyncio.wait(helpers, timeout=STOP_GRACE_S)
             if stuck:
                 log.warning("%d background tasks did not stop; leaving them", len(stuck))
-            await self.outcomes.flush_with_retry(final=True)
+            flushed = await self.outcomes.flush_with_retry(final=True)
+            await self.followup.finish(flushed)  # the last flush may finish a campaign
+            if self.runners.probe is not None:
+                await self.runners.probe.close()  # the last load-test figures
             self._publish_metrics()
             await self._close()
         return EXIT_RECYCLED if st.recycled else st.exit_code
@@ -218,6 +244,14 @@ class Worker:
         await st.bredis.aclose()
 
 
+def _scheduler_ended(task: asyncio.Task[None]) -> None:
+    """The scheduler survives Redis errors by itself: anything else ending it is a bug
+    that would silently stop the periodic jobs of this process."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the periodic scheduler crashed; this process no longer schedules",
+                  exc_info=task.exception())
+
+
 def run_worker(app: App, settings: WorkerSettings | None = None) -> int:
     """Run one worker process to completion on uvloop; returns the exit code."""
     try:
@@ -244,5 +278,9 @@ def run_worker(app: App, settings: WorkerSettings | None = None) -> int:
             t.cancel()
         if left:
             loop.run_until_complete(asyncio.wait(left, timeout=STOP_GRACE_S))
+        # the app's client of this loop (the scheduler, the retention, handlers'
+        # aenqueue): closed with the loop that owns it
+        with contextlib.suppress(Exception):
+            loop.run_until_complete(asyncio.wait_for(app.aclose(), STOP_GRACE_S))
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()

@@ -6,6 +6,8 @@ Every outcome the dashboard and the alerts look at, on queue ``default``:
 * ``fail`` always raises: 2 attempts (failed + retried, then failed + dead ``failed``);
 * ``sleepy`` outlives its 0.1 s timeout once (failed + dead ``timeout``);
 * ``later`` succeeds; the test enqueues it with a delay;
+* ``new_year`` is a periodic task (once a year: never due while the test runs) whose
+  next run the metrics export;
 * ``hog`` blocks its worker's event loop for ``HOG_BLOCK_S`` on its first attempt, longer
   than the worker's ``--lease-s 2``: the lease expires and another process takes the job
   again (a redelivery), and the first result arrives for an expired lease (a stale ack).
@@ -51,6 +53,12 @@ def build(redis_url: str | None, namespace: str) -> batchq.App:
     @app.task(queue=QUEUE)
     async def later(i: int) -> None:
         await asyncio.sleep(0.001)
+
+    # a schedule whose latest tick (New Year) is always long past: skipped, never run
+    # (no job in the counts), but its next run is exported for the dashboard and alert
+    @app.periodic(cron="0 0 1 1 *", queue=QUEUE)
+    def new_year() -> None:
+        pass
 
     @app.task(queue=QUEUE, batch_size=1, max_attempts=3)
     async def hog(jobs: list[batchq.Job]) -> None:

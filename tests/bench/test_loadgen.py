@@ -104,3 +104,78 @@ def test_sync_and_async_shells_drive_the_same_schedule() -> None:
     assert (s1.sent, s1.errors, s1.first_error) == (s2.sent, s2.errors, s2.first_error)
     assert s1.sent + s1.errors == 200 and s1.errors > 0 and s1.finished and s2.finished
     assert s1.first_error == "RuntimeError: refused"
+
+
+# --- rate profiles (issue 16) --------------------------------------------------------------
+
+
+def test_profiles_place_every_job_on_the_cumulative_count() -> None:
+    from batchq.loadgen import Profile
+
+    steps = Profile.steps([500, 1000, 2000], 30)
+    assert steps.total == 105_000 and steps.boundaries_s == [30.0, 60.0]
+    assert steps.time_of(15_000) == 30.0 and abs(steps.time_of(14_999) - 29.998) < 1e-9
+    ramp = Profile.ramp(0, 5000, 120)
+    assert ramp.total == 300_000 and ramp.time_of(0) == 0.0
+    for i in (1, 10, 1000, 150_000, 299_999):
+        assert abs(ramp.count_at(ramp.time_of(i)) - i) < 1e-6
+    down = Profile.ramp(1000, 0, 10)  # a falling ramp takes the other root
+    assert all(down.time_of(i) < down.time_of(i + 1) for i in range(0, 4999, 97))
+    for bad in (lambda: Profile.steps([10, 0], 1), lambda: Profile.ramp(0, 0, 5),
+                lambda: Profile.constant(0.5, 1)):
+        try:
+            bad()
+        except ValueError:
+            continue
+        raise AssertionError("accepted a profile that sends nothing")
+
+
+def test_parts_split_a_profile_between_producers_and_stop_ends_it() -> None:
+    from batchq.loadgen import Profile
+
+    profile = Profile.steps([200, 400], 0.25)
+    seen: list[float] = []
+
+    async def send(intended: list[float], sent_at: float) -> None:
+        seen.extend(intended)
+
+    async def both() -> list[LoadState]:
+        start = time.time() + 0.02
+        return [await aopen_loop(send, 0, 0, profile=profile, part=(k, 2), start_s=start)
+                for k in range(2)]
+
+    states = asyncio.run(both())
+    assert sum(s.sent for s in states) == profile.total == 150
+    start = states[0].start_s
+    assert sorted(seen) == [start + profile.time_of(i) for i in range(150)]
+
+    st = LoadState(rate=1000, duration_s=10)
+
+    async def stopper(intended: list[float], sent_at: float) -> None:
+        if st.sent >= 20:
+            st.stopped = True
+
+    asyncio.run(aopen_loop(stopper, 1000, 10, state=st))
+    assert 20 <= st.sent < 100
+
+
+def test_abort_rules() -> None:
+    from batchq.load.profiles import parse_abort
+
+    h = Histogram()
+    h.record_many([0.01] * 98 + [0.9] * 2)
+    hists = {"run": h, "start": Histogram(), "done": h}
+    assert parse_abort("p99>500ms").check(hists, 100, 0) is not None
+    assert parse_abort("p90>500ms").check(hists, 100, 0) is None
+    assert parse_abort("done.max>0.5s").check(hists, 100, 0) is not None
+    assert parse_abort("errors>1%").check(hists, 100, 2) is not None
+    assert parse_abort("errors>1%").check(hists, 100, 1) is None
+    assert parse_abort("errors>5").check(hists, 100, 6) is not None
+    assert parse_abort("errors>1%").check(hists, 5, 5) is None  # too few jobs to judge
+    for bad in ("p99>5", "p99<5ms", "errors>200%", "p0>1ms", "start.errors>1"):
+        try:
+            parse_abort(bad)
+        except ValueError as exc:
+            assert repr(bad) in str(exc)
+            continue
+        raise AssertionError(f"accepted {bad!r}")

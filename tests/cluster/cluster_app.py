@@ -55,6 +55,13 @@ def build(redis_url: str, namespace: str, log_path: str | None = None,
         await asyncio.sleep(secs)
         record("slow", token)
 
+    @app.task
+    async def campaign_done(campaign_id: str, stats: dict[str, Any]) -> None:
+        """A campaign's on_complete: records ``<id>:<total>:<succeeded>:<dead>:<cancelled>``."""
+        record("campaign_done", ":".join(str(x) for x in (
+            campaign_id, stats["total"], stats["succeeded"], stats["dead"],
+            stats["cancelled"])))
+
     return app
 
 

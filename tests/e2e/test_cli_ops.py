@@ -90,7 +90,8 @@ def test_info_json_counts_and_live_workers(app: batchq.App, env: dict[str, str |
                    timeout_s=15, message="the side worker registers")
 
         out = json.loads(cli(["info", APP, "--json"], env).stdout)  # exactly one object
-        assert set(out) == {"queues", "workers"}
+        assert set(out) == {"queues", "workers", "periodic"}
+        assert out["periodic"] == []  # ops_app has no periodic task
         qs = out["queues"]
         assert list(qs) == sorted(qs)
         d = qs["default"]

@@ -14,9 +14,9 @@ from helpers import REPO_ROOT, cli_env, free_port
 JOBS = 2000
 
 
-def _run_demo(env: dict[str, str | None]) -> subprocess.CompletedProcess[str]:
+def _run_demo(env: dict[str, str | None], *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "batchq.dev.demo", "--jobs", str(JOBS)],
+        [sys.executable, "-m", "batchq.dev.demo", "--jobs", str(JOBS), *extra],
         cwd=REPO_ROOT,
         env=cli_env(env),
         stdin=subprocess.DEVNULL,
@@ -34,8 +34,13 @@ def _assert_ok(proc: subprocess.CompletedProcess[str]) -> str:
                      out, re.M), out
     assert re.search(r"^check\s+worker exit 0; ready 0\s+delayed 0\s+reserved 0\s+dead 0: OK$",
                      out, re.M), out
-    assert re.search(rf"^enqueue\s+{JOBS:,} jobs in ", out, re.M), out
     return out
+
+
+def _first_run(out: str) -> None:
+    assert re.search(rf"^enqueue\s+{JOBS:,} jobs in .*dedup key", out, re.M), out
+    assert re.search(rf"^summary\s+campaign '[^']+' complete: {JOBS:,} emails, {JOBS:,} sent, "
+                     r"0 failed, 0 cancelled", out, re.M), out
 
 
 def _namespace(out: str) -> str:
@@ -47,6 +52,7 @@ def _namespace(out: str) -> str:
 def test_demo_starts_its_own_server_when_no_url_is_set() -> None:
     proc = _run_demo({"BATCHQ_REDIS_URL": None})
     out = _assert_ok(proc)
+    _first_run(out)
     m = re.search(r"embedded Valkey at redis://127\.0\.0\.1:(\d+)/0", out)
     assert m, out
     # the embedded server is gone once the demo has exited
@@ -59,9 +65,28 @@ def test_demo_uses_the_given_redis_and_leaves_nothing_behind(
         redis_url: str, redis_client: redis.Redis) -> None:
     proc = _run_demo({"BATCHQ_REDIS_URL": redis_url})
     out = _assert_ok(proc)
+    _first_run(out)
     assert "embedded" not in out
     ns = _namespace(out)
     assert redis_client.keys(f"{ns}:*") == []
+
+
+def test_demo_run_twice_with_one_campaign_id_adds_nothing_the_second_time(
+        redis_url: str, redis_client: redis.Redis, namespace: str) -> None:
+    env: dict[str, str | None] = {"BATCHQ_REDIS_URL": redis_url}
+    flags = ("--campaign", "demo-twice", "--namespace", namespace)
+    try:
+        _first_run(_assert_ok(_run_demo(env, *flags)))
+        again = _run_demo(env, *flags)
+        out = _assert_ok(again)
+        assert re.search(r"^enqueue\s+nothing added: campaign 'demo-twice' is done with "
+                         rf"{JOBS:,} jobs", out, re.M), out
+        assert "summary" not in out  # on_complete ran once, in the first run
+        assert redis_client.hlen(f"{namespace}:{{{namespace}:emails}}:dedup") == JOBS
+    finally:
+        keys = list(redis_client.scan_iter(match=f"{namespace}:*", count=1000))
+        if keys:
+            redis_client.delete(*keys)
 
 
 def test_importing_the_demo_starts_nothing() -> None:

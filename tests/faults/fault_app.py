@@ -34,6 +34,8 @@ Tasks (the first argument is always the job's token, unique per job):
   on every run; ``max_attempts=2``.
 * ``plain(token, secs=0)`` — the same as a plain ``async def`` task (job id ``-``,
   attempt ``0`` in the records: a plain handler does not see its job).
+* ``campaign_done(campaign_id, stats)`` — an ``on_complete`` task: records the token
+  ``done:<id>:<total>:<succeeded>:<dead>:<cancelled>:<pending>``.
 * ``bulk(jobs)`` — a batch task of up to 100 jobs that does nothing but record (one
   ``write`` per batch, ``S`` lines omitted): cheap enough for hundreds of thousands.
 """
@@ -164,6 +166,16 @@ def build(redis_url: str | None, namespace: str, runs_dir: str | None = None, *,
         t = f"{now():.6f}"
         pid = os.getpid()
         rec.write("".join(f"E {j.args[0]} {j.id} {j.attempt} {pid} {t} {t}\n" for j in jobs))
+
+    @app.task(batch_size=1, max_attempts=5)
+    async def campaign_done(jobs: list[batchq.Job]) -> None:
+        """A campaign's ``on_complete``: records ``done:<id>:<total>:<succeeded>:<dead>:
+        <cancelled>:<pending>`` as its token."""
+        for job in jobs:
+            cid, st = job.args
+            token = ":".join(str(x) for x in ("done", cid, st["total"], st["succeeded"],
+                                                st["dead"], st["cancelled"], st["pending"]))
+            rec.end(token, job.id, job.attempt, rec.start(token, job.id, job.attempt))
 
     return app
 

@@ -216,7 +216,7 @@ def test_a_full_redis_drains_with_a_due_job_or_an_expired_lease(
         work.enqueue(special)
         k = fleet.app.keys("default")
         got = fleet.app.sync_scripts.call(calls.pop(k, 1, 200, 100))
-        assert len(got) == 10
+        assert len(got) == 11  # ten head fields and the job
     written, _ = fill(work, "b")
     clamp(fleet.r)
     time.sleep(0.6)  # the delayed job is due / the lease has expired

@@ -7,7 +7,7 @@ hundreds of concurrent /metrics requests some timed out and a /healthz probe wai
 tens of seconds.
 
 The server runs as the supervisor runs it: a separate process
-(``metrics_http.serve_forever_child``), in multiprocess mode, over a namespace with many
+(``supervisor_metrics.serve_child``), in multiprocess mode, over a namespace with many
 queues so that one collection is real work.
 """
 
@@ -69,9 +69,9 @@ def server(redis_url: str, namespace: str, tmp_path: Path) -> Iterator[int]:
     app.close()
     port = free_port()
     code = (
-        "import sys, batchq; from batchq import metrics_http; "
+        "import sys, batchq; from batchq import supervisor_metrics; "
         f"app = batchq.App({redis_url!r}, namespace={namespace!r}); "
-        f"sys.exit(metrics_http.serve_forever_child(app, '127.0.0.1', {port}, {str(tmp_path)!r}, "
+        f"sys.exit(supervisor_metrics.serve_child(app, '127.0.0.1', {port}, {str(tmp_path)!r}, "
         f"{os.getpid()}))"
     )
     proc = subprocess.Popen([sys.executable, "-c", code])

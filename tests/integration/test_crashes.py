@@ -110,7 +110,7 @@ def test_sigterm_cancels_job_past_shutdown_timeout_and_gives_it_back(app, queue_
 
 def _pop(app, queue_name, want: int, lease_ms: int) -> tuple[list, list[bytes]]:
     res = app.sync_scripts.call(calls.pop(app.keys(queue_name), want, lease_ms, 100))
-    return res[:9], res[9:]
+    return res[:10], res[10:]
 
 
 def _stale_count(res) -> int:

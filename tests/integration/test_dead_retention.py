@@ -1,16 +1,23 @@
 """Dead-letter retention (issue 9): by age and by count per queue, trimmed oldest first in
-bounded chunks by ``trim_dead.lua``; ``Queue.trim_dead`` and ``queue.atrim_dead``."""
+bounded chunks by ``trim_dead.lua``; ``Queue.trim_dead`` and ``queue.atrim_dead``; a
+running worker process applies it to the queues it serves."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import redis
+from apps.basic import build
+from helpers import CliProcess, wait_until
 
 import batchq
 from batchq import codec
 from batchq.queue import DEFAULT_DEAD_MAX_AGE_S, DEFAULT_DEAD_MAX_COUNT, DeadRetention, atrim_dead
+
+from ._support import Run
 
 
 def _bury(r: redis.Redis, q: batchq.Queue, n: int, died_ms: int, prefix: str) -> list[str]:
@@ -102,3 +109,30 @@ def test_trim_keeps_what_is_within_retention(app: batchq.App,
     assert q.trim_dead() == 3
     assert q.dead_ids() == ["kept00000", "kept00001"]
     assert {j.reason for j in q.dead_jobs()} == {"failed"}
+
+
+def test_a_running_worker_trims_its_queues_and_survives_one_that_fails(
+        app: batchq.App, redis_client: redis.Redis, redis_url: str, log_path: Path,
+        start_worker: Callable[..., CliProcess], runs: Callable[..., list[Run]]) -> None:
+    """The worker applies its app's retention (here ``BATCHQ_DEAD_MAX_COUNT=5``) to every
+    queue it serves; a queue whose trim fails (its dead set is not a sorted set) is
+    logged and skipped, and the worker goes on serving both queues."""
+    q = app.queue("keep")
+    ids = _bury(redis_client, q, 12, _server_ms(redis_client) - 1000, "d")
+    broken = app.keys("broken")
+    redis_client.set(broken.dead, "not a sorted set")  # trim_dead.lua: WRONGTYPE
+    w = start_worker(["broken", "keep"], env={"BATCHQ_DEAD_MAX_COUNT": "5"})
+
+    wait_until(lambda: q.dead_ids() == ids[-5:], 10, message="the worker trims to 5")
+    assert redis_client.hlen(q.keys.dead_jobs) == 5
+    wait_until(lambda: "dead-letter retention of queue broken failed" in w.read_log(), 10,
+               message="the failed trim is logged")
+    producer = build(redis_url, app.namespace, str(log_path))
+    try:
+        producer.tasks["noop"].options(queue="broken").enqueue("b1")
+        producer.tasks["noop"].options(queue="keep").enqueue("k1")
+        wait_until(lambda: {r.token for r in runs("noop")} == {"b1", "k1"}, 10,
+                   message="both queues still served")
+    finally:
+        producer.close()
+    assert w.stop() == 0, w.read_log()

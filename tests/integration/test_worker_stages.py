@@ -3,6 +3,8 @@
 * ``live_workers`` reports each worker's heartbeat age and the jobs it runs now (the
   details are published within a heartbeat of a change, not every 5 s);
 * a SIGKILLed worker drops out once its heartbeat is ``STALE_AFTER_S`` old;
+* while a stopped worker lets its running jobs finish, it keeps heart-beating once a
+  second and sits idle (its heartbeat loop used to spin once the stop event was set);
 * ``--burst`` on a paused queue with ready jobs exits ``EXIT_STALLED`` with a message
   (it used to wait for ever).
 """
@@ -11,6 +13,8 @@ from __future__ import annotations
 
 import os
 import signal
+import time
+from pathlib import Path
 
 from helpers import wait_until
 
@@ -49,3 +53,28 @@ def test_burst_on_a_paused_queue_with_ready_jobs_exits_stalled(app, queue_name,
     assert w.wait(20) == EXIT_STALLED, w.read_log()
     assert "jobs are left only in paused queues" in w.read_log()
     assert q.stats().ready == 1
+
+
+def _cpu_ticks(pid: int) -> int:
+    """User + system CPU time of ``pid`` so far, in clock ticks (/proc/<pid>/stat)."""
+    raw = Path(f"/proc/{pid}/stat").read_text()
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def test_a_draining_worker_keeps_beating_without_spinning(app, queue_name, start_worker,
+                                                          redis_client, namespace, runs):
+    w = start_worker(queue_name)
+    app.tasks["nap"].options(queue=queue_name).enqueue("slow", 4.0)
+    wait_until(lambda: runs("start"), 10)
+    w.send_signal(signal.SIGTERM)  # graceful: the nap may finish
+    wait_until(lambda: "stopping: no new jobs" in w.read_log(), 5)
+    before = _cpu_ticks(w.pid)
+    time.sleep(2.0)
+    spent_s = (_cpu_ticks(w.pid) - before) / os.sysconf("SC_CLK_TCK")
+    # a spinning loop takes most of a core for the 2 s; an idle one a few ms
+    assert spent_s < 0.5, f"the draining worker used {spent_s:.2f}s of CPU in 2s"
+    (me,) = live_workers(redis_client, namespace)
+    assert me["in_flight"] == 1 and me["heartbeat_age_s"] < 2.5, me
+    assert w.wait(15) == 0, w.read_log()
+    assert [r.token for r in runs("end")] == ["slow"]

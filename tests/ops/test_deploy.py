@@ -199,7 +199,8 @@ def test_grafana_provisioning() -> None:
 # --- alert rules --------------------------------------------------------------------------
 
 ALERT_NAMES = {"BatchqQueueBackingUp", "BatchqHighFailureRate", "BatchqDeadLettersGrowing",
-               "BatchqNoWorkers", "BatchqWorkersRestarting", "BatchqRedisSlow"}
+               "BatchqNoWorkers", "BatchqWorkersRestarting", "BatchqRedisSlow",
+               "BatchqPeriodicStalled"}
 
 
 def test_alert_rules_shape() -> None:
@@ -220,6 +221,10 @@ def test_alert_rules_shape() -> None:
     assert "increase(batchq_jobs_dead_total[15m])" in rules["BatchqDeadLettersGrowing"]["expr"]
     assert "absent(batchq_worker_processes)" in rules["BatchqNoWorkers"]["expr"]
     assert "> 3" in rules["BatchqWorkersRestarting"]["expr"]
+    stalled = rules["BatchqPeriodicStalled"]
+    assert stalled["for"] == "2m"
+    assert "time() - max by (task, queue) (batchq_periodic_next_run_timestamp_seconds) > 60" \
+        in stalled["expr"]
 
 
 def test_alert_metric_names_are_exported() -> None:

@@ -11,8 +11,8 @@ from batchq import codec
 from batchq.keys import QueueKeys
 from batchq.scripts import SyncScripts, calls
 
-HEAD = 9
-"""pop.lua's reply: nine fields, then the jobs."""
+HEAD = 10
+"""pop.lua's reply: ten fields (the tenth: campaigns that became due), then the jobs."""
 
 
 def entry(jid: str, prio: int = 0, max_attempts: int = 3, attempt: int = 0,

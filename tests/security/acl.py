@@ -11,14 +11,23 @@ BATCHQ_COMMANDS = (
     # commands the scripts run (ACLs apply inside scripts too)
     "+time", "+exists", "+lpush", "+rpush", "+lpop", "+llen", "+lpos",
     "+zadd", "+zrem", "+zrange", "+zrangebyscore", "+zscore", "+zmscore",
+    "+zcount",  # trim_dead.lua: the worker applies the dead-letter retention
     "+hset", "+hget", "+hdel", "+hexists", "+hincrby", "+hlen",
+    # the lock scripts (app.lock, and the periodic scheduler's leader lock)
+    "+get", "+pttl", "+pexpire", "+incr",
     # commands sent directly (worker, producer, Queue, CLI, metrics)
     "+blpop", "+lindex", "+sadd", "+smembers", "+zcard", "+zremrangebyscore",
     "+hmget", "+hgetall", "+set", "+del", "+expire", "+multi", "+exec",
+    # campaigns: listing them (app.campaigns, the CLI, the metrics)
+    "+zrevrange",
+    # results, status, cancel: job sequence numbers (reserve.lua), the ready-job bitmaps,
+    # the per-job channels (scripts publish, result() subscribes)
+    "+incrby", "+setbit", "+getbit", "+bitfield", "+setrange", "+publish", "+subscribe",
+    "+unsubscribe",
 )
 
 
 def acl_setuser_args(user: str, password: str, namespace: str) -> list[str]:
     """``ACL SETUSER`` arguments of the least-privileged batchq user of ``namespace``."""
     return [user, "reset", "on", f">{password}", f"~{namespace}:*", "resetchannels",
-            "-@all", *BATCHQ_COMMANDS]
+            f"&{namespace}:*", "-@all", *BATCHQ_COMMANDS]

@@ -17,6 +17,8 @@ from helpers import free_port, run_cli, wait_until
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+import batchq
+
 from .acl import acl_setuser_args
 from .conftest import AclServer, WorkerFactory, clean_env
 from .sec_app import build, runs
@@ -24,7 +26,7 @@ from .sec_app import build, runs
 
 def test_acl_line_is_what_the_docs_say(acl_server: AclServer) -> None:
     line = " ".join(acl_setuser_args("batchq", "PASSWORD", "NS"))
-    assert line.startswith("batchq reset on >PASSWORD ~NS:* resetchannels -@all +ping ")
+    assert line.startswith("batchq reset on >PASSWORD ~NS:* resetchannels &NS:* -@all +ping ")
     r = acl_server.admin()
     try:
         rules = r.acl_getuser("batchq")
@@ -32,6 +34,13 @@ def test_acl_line_is_what_the_docs_say(acl_server: AclServer) -> None:
         r.close()
     assert rules["keys"] == [f"~{acl_server.namespace}:*"]
     assert "+evalsha" in rules["commands"] and "+script|load" in rules["commands"]
+
+
+def test_readme_acl_line_lists_exactly_these_commands() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    (line,) = [x for x in readme.splitlines() if "ACL SETUSER batchq" in x]
+    documented = {w for w in line.split() if w.startswith("+")}
+    assert documented == set(acl_setuser_args("batchq", "PASSWORD", "NS")[8:])
 
 
 def test_the_user_is_really_limited(acl_server: AclServer) -> None:
@@ -131,3 +140,34 @@ def test_worker_producer_and_cli_as_the_acl_user(acl_server: AclServer, tmp_path
     refused = {str(e["object"]) for e in s.denials()}
     assert refused <= {"config|get"}, s.denials()
     admin.close()
+
+
+def test_locks_and_periodic_ticks_as_the_acl_user(acl_server: AclServer) -> None:
+    """The lock scripts and the periodic tick script run as the least-privileged user."""
+    from batchq.periodic import Scheduler
+
+    app = batchq.App(acl_server.url, namespace=acl_server.namespace)
+
+    @app.periodic(every_s=1, queue="acl-ticks")
+    def tick() -> None:
+        pass
+
+    try:
+        with app.lock("acl-lock", ttl_s=5) as lock:
+            assert lock.fence is not None and lock.fence >= 1
+            lock.extend()
+        sched = Scheduler(app, lease_s=2)
+
+        async def one_round() -> None:
+            stop = asyncio.Event()
+            task = asyncio.create_task(sched.run(stop))
+            await asyncio.sleep(2.5)
+            stop.set()
+            await asyncio.wait_for(task, 5)
+
+        asyncio.run(one_round())
+        assert app.queue("acl-ticks").stats().ready >= 1
+    finally:
+        app.close()
+    refused = {str(e["object"]) for e in acl_server.denials()}
+    assert refused <= {"config|get"}, acl_server.denials()

@@ -1,0 +1,127 @@
+"""What an operator sees of a namespace: queue counts, live workers, periodic tasks.
+
+The one data layer behind ``batchq info --json`` (:func:`snapshot`) and the web console
+(:func:`read_queues`, :func:`queue_page`, :func:`live_workers`, :func:`periodic`). It
+reads only; actions (pause, retry, purge) stay on :class:`batchq.queue.Queue`.
+
+Every queue read is one pipelined round trip for the whole page of queues (200 queues:
+one pipeline, not 200 calls), with the server's ``TIME`` in the same pipeline so ages use
+the Redis clock (``batchq.stats.read``, the reader ``Queue.stats`` and ``/metrics``
+share, which never fails on data written by hand). Sections that later issues add
+(campaigns, groups and limits) get their own reader here next to these, and a key of
+their own in the console's overview.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from . import stats
+from .periodic import periodic_status
+from .stats import QueueStats
+from .worker import registry as worker_registry
+
+if TYPE_CHECKING:
+    from .app import App
+
+
+@dataclass(frozen=True)
+class QueueView:
+    """One queue as read in one pipeline (``stats.read``): its counts by state, the
+    oldest ready job's age (server clock), ready jobs by priority, the heads that are not
+    runnable jobs, and the scripts' cumulative counters (``stats.OUTCOMES``)."""
+
+    name: str
+    stats: QueueStats
+    counters: dict[str, int]
+
+    def info(self) -> dict[str, Any]:
+        """The per-queue shape of ``batchq info --json``; ``malformed_heads`` (the
+        priorities whose ready list starts with an entry that is not a runnable job)
+        only when there are some."""
+        st = self.stats
+        row: dict[str, Any] = {
+            "ready": st.ready,
+            "delayed": st.delayed,
+            "reserved": st.reserved,
+            "dead": st.dead,
+            "paused": st.paused,
+            "oldest_age_s": round(st.oldest_age_s, 3),
+        }
+        if st.malformed_heads:
+            row["malformed_heads"] = list(st.malformed_heads)
+        return row
+
+    def as_dict(self) -> dict[str, Any]:
+        """Everything, for the console's JSON API."""
+        return {"name": self.name, **self.info(),
+                "ready_by_priority": {str(p): n for p, n in
+                                      sorted(self.stats.ready_by_priority.items(),
+                                             reverse=True)},
+                "counters": dict(self.counters)}
+
+
+def _names(app: App, extra: Iterable[str]) -> tuple[list[str], list[bytes]]:
+    good, bad = stats.registered_queues(app.redis, app.namespace)
+    return sorted(set(good).union(extra)), bad
+
+
+def queue_names(app: App, extra: Iterable[str] = ()) -> list[str]:
+    """Every queue of the namespace (the registry set) plus ``extra`` (an app's declared
+    queues), sorted; names batchq itself would never register are left out."""
+    return _names(app, extra)[0]
+
+
+def read_queues(app: App, names: list[str]) -> dict[str, QueueView]:
+    """Counts of ``names`` (valid queue names) in one pipelined round trip."""
+    snaps = stats.read(app.redis, [app.keys(name) for name in names])
+    return {s.name: QueueView(s.name, s.stats, s.outcomes) for s in snaps}
+
+
+def queue_page(app: App, *, extra: Iterable[str] = (), contains: str = "", offset: int = 0,
+               limit: int = 100) -> tuple[int, list[QueueView]]:
+    """One page of queues (sorted by name, ``contains``: a name filter) and how many
+    queues match in all; only the page's queues are read."""
+    names = [n for n in queue_names(app, extra) if contains.lower() in n.lower()]
+    page = names[offset : offset + limit]
+    views = read_queues(app, page) if page else {}
+    return len(names), [views[n] for n in page]
+
+
+def live_workers(app: App) -> list[dict[str, Any]]:
+    """The live workers, sorted by id (``batchq.worker.live_workers``: the registry's
+    own reader, with each heartbeat's age)."""
+    return worker_registry.live_workers(app.redis, app.namespace)
+
+
+def periodic(app: App) -> list[dict[str, Any]]:
+    """Periodic tasks with their last and next run (``batchq.periodic.periodic_status``)."""
+    return periodic_status(app)
+
+
+def snapshot(app: App, app_queues: Iterable[str] = ()) -> dict[str, Any]:
+    """What ``batchq info --json`` prints (and ``/api/info`` answers): counts of every
+    queue, the live workers and the periodic tasks. Data written by hand never fails it:
+    a name in the registry that is not a queue name is listed with an ``error``, a head
+    that is not a job in ``malformed_heads``, and periodic tasks that cannot be read
+    leave ``periodic`` empty with a ``periodic_error``."""
+    names, bad = _names(app, app_queues)
+    views = read_queues(app, names) if names else {}
+    queues = {n: views[n].info() for n in names}
+    for raw in bad:
+        queues[raw.decode("utf-8", "backslashreplace")] = {
+            "error": "not a valid queue name (written by hand?)"}
+    snap: dict[str, Any] = {"queues": dict(sorted(queues.items())),
+                            "workers": live_workers(app)}
+    try:
+        snap["periodic"] = periodic(app)
+    except (redis.ConnectionError, redis.TimeoutError):
+        raise
+    except Exception as exc:  # a schedule hash edited by hand: report, do not crash
+        snap["periodic"] = []
+        snap["periodic_error"] = f"cannot read the periodic tasks: {type(exc).__name__}: {exc}"
+    return snap

@@ -1,0 +1,67 @@
+-- campaign_queue.lua: one campaign's flag and counters on one queue.
+--
+-- KEYS[1]  the queue's campaigns hash ("<id>:f" flag, "<id>:g" generation, counters
+--          "<id>:t" total, ":p" pending, ":s" succeeded, ":d" dead, ":c" cancelled;
+--          "~cancelled": how many campaigns are cancelled here and not done, so
+--          pop.lua looks up flags only while that is above 0)
+-- KEYS[2]  the queue's reserved zset, KEYS[3] its jobmeta hash: "cancel" counts the
+--          campaign's jobs holding a lease (they run; the rest never will)
+-- ARGV[1]  campaign id
+-- ARGV[2]  "read"; "open" (a producer joins: opens the flag for generation ARGV[3]
+--          unless it is closed for that generation already); "seal" (open -> sealed);
+--          "cancel" (open or sealed -> cancelled); "done" (the campaign completed: its
+--          counters here go, the flag stays "done" so a late producer is refused)
+-- ARGV[3]  the campaign's generation (created_ms) for "open"
+-- ARGV[4]  "cancel": at most this many leases are looked at (bounds the loop; the
+--          reserved set holds only what the fleet runs or prefetched)
+-- Returns  {flag or "", t, p, s, d, c, leased} after the change (leased: "cancel" only,
+--          else 0).
+local campaigns = KEYS[1]
+local reserved = KEYS[2]
+local jobmeta = KEYS[3]
+
+local cid, mode = ARGV[1], ARGV[2]
+local fk, gk = cid .. ':f', cid .. ':g'
+local names = {'t', 'p', 's', 'd', 'c'}
+local f = redis.call('HGET', campaigns, fk)
+local leased = 0
+if mode == 'open' then
+  if redis.call('HGET', campaigns, gk) ~= ARGV[3] then
+    -- first join of this generation (a campaign id used again after its record
+    -- expired starts from zero)
+    if f == 'cancelled' then redis.call('HINCRBY', campaigns, '~cancelled', -1) end
+    for _, n in ipairs(names) do redis.call('HDEL', campaigns, cid .. ':' .. n) end
+    redis.call('HSET', campaigns, fk, 'open', gk, ARGV[3])
+  end
+elseif mode == 'seal' then
+  if f == 'open' or not f then redis.call('HSET', campaigns, fk, 'sealed') end
+elseif mode == 'cancel' then
+  if f ~= 'done' and f ~= 'cancelled' then
+    redis.call('HSET', campaigns, fk, 'cancelled')
+    redis.call('HINCRBY', campaigns, '~cancelled', 1)
+  end
+  local ids = {}
+  for _, m in ipairs(redis.call('ZRANGE', reserved, 0, tonumber(ARGV[4]) - 1)) do
+    local id = member_id(m)
+    if id and tracked(id) then ids[#ids + 1] = id end
+    if #ids == 1000 then
+      for _, x in ipairs(meta_of(jobmeta, ids)) do
+        if x[2] == cid then leased = leased + 1 end
+      end
+      ids = {}
+    end
+  end
+  for _, x in ipairs(meta_of(jobmeta, ids)) do
+    if x[2] == cid then leased = leased + 1 end
+  end
+elseif mode == 'done' then
+  if f == 'cancelled' then redis.call('HINCRBY', campaigns, '~cancelled', -1) end
+  redis.call('HSET', campaigns, fk, 'done')
+  for _, n in ipairs(names) do redis.call('HDEL', campaigns, cid .. ':' .. n) end
+end
+local out = {redis.call('HGET', campaigns, fk) or ''}
+for _, n in ipairs(names) do
+  out[#out + 1] = tonumber(redis.call('HGET', campaigns, cid .. ':' .. n) or '0')
+end
+out[#out + 1] = leased
+return out

@@ -1,0 +1,150 @@
+-- enqueue_tracked.lua: write tracked jobs (campaign members, jobs with a dedup key):
+-- like enqueue.lua / schedule.lua, plus their jobmeta entries, the campaign's counters
+-- on this queue and the dedup index. Plain jobs never come here.
+--
+-- KEYS[1]  ready list of the jobs' priority      KEYS[6]  campaigns hash
+-- KEYS[2]  delayed zset                          KEYS[7]  jobmeta hash
+-- KEYS[3]  wake list                             KEYS[8]  dedup hash: key -> job id
+-- KEYS[4]  inflight hash                         KEYS[9]  dedup:exp zset: key -> lapse ms
+-- KEYS[5]  stats hash (field "enqueued")
+-- KEYS[10] pending hash: a delayed job's id -> its entry (cancel.lua, status.lua)
+-- KEYS[11] seq counter; KEYS[12..15] waiting bitmaps, slots 0..3: a ready job's bit
+--          (its id's sequence number, "-<hex>_m") is set, one SETBIT per job written
+-- ARGV[1]  "1" when retrying a call whose reply was lost: a job whose jobmeta entry
+--          exists (written by the lost call) is not written again
+-- ARGV[2]  "ready", or "rel" / "abs" (delayed: ARGV[3] is a delay from the server's now,
+--          or a Unix time, in ms)
+-- ARGV[3]  the delay or the due time (ignored for "ready")
+-- ARGV[4]  campaign id, "" for none: the campaign must be open on this queue
+-- ARGV[5]  key ttl ms: how long a dedup key stays held after its job is settled
+-- ARGV[6]  at most this many lapsed dedup keys are dropped first (bounds the loop)
+-- ARGV[7..] pairs: encoded job (id ending "_m"), dedup key ("" for none); at most 1000
+-- Returns  {0, written, position, id, position, id, ...}: the 1-based positions of jobs
+--          not written because their key is held, and the id holding it; or {1} when
+--          the campaign is not open on this queue yet (join it first), {2, flag} when
+--          it is closed here (sealed, cancelled or done): nothing is written.
+local ready = KEYS[1]
+local delayed = KEYS[2]
+local wake = KEYS[3]
+local inflight = KEYS[4]
+local stats = KEYS[5]
+local campaigns = KEYS[6]
+local jobmeta = KEYS[7]
+local dedup = KEYS[8]
+local dedup_exp = KEYS[9]
+local pending = KEYS[10]
+local seq = KEYS[11]
+local WAIT0 = 12  -- KEYS[WAIT0 + s] is the bitmap of slot s (0..3)
+
+local check = ARGV[1] == '1'
+local mode = ARGV[2]
+local cid = ARGV[4]
+local ttl = ARGV[5]
+
+if cid ~= '' then
+  local f = redis.call('HGET', campaigns, cid .. ':f')
+  if not f then return {1} end
+  if f ~= 'open' then return {2, f} end
+end
+
+local now = now_ms()
+local lapsed = redis.call('ZRANGEBYSCORE', dedup_exp, '-inf', now, 'LIMIT', 0,
+  tonumber(ARGV[6]))
+if #lapsed > 0 then
+  redis.call('HDEL', dedup, unpack(lapsed))
+  redis.call('ZREM', dedup_exp, unpack(lapsed))
+end
+
+-- the rows' keys and who holds them now: one HMGET and one ZMSCORE per call, not per row
+local n = math.floor((#ARGV - 6) / 2)
+local keys = {}
+for i = 1, n do
+  local key = ARGV[6 + 2 * i]
+  if key ~= '' then keys[#keys + 1] = key end
+end
+local hold = {}  -- key -> id holding it (in Redis, or written by this call)
+local lapsed_keys = {}  -- keys whose holder finished more than its ttl ago: free again
+if #keys > 0 then
+  local holders = redis.call('HMGET', dedup, unpack(keys))
+  local held = {}
+  for j, key in ipairs(keys) do
+    if holders[j] then held[#held + 1] = key; hold[key] = holders[j] end
+  end
+  if #held > 0 then
+    local lapses = redis.call('ZMSCORE', dedup_exp, unpack(held))
+    for j, key in ipairs(held) do
+      if lapses[j] and tonumber(lapses[j]) <= now then  -- lapsed: free again
+        hold[key] = nil
+        lapsed_keys[#lapsed_keys + 1] = key
+      end
+    end
+  end
+end
+
+local out = {0, 0}
+local entries, metas, claims = {}, {}, {}
+for pos = 1, n do
+  local e, key = ARGV[5 + 2 * pos], ARGV[6 + 2 * pos]
+  -- the id: the fourth header field (the producer wrote the entry; no pattern needed)
+  local a = string.find(e, ':', 1, true)
+  local b = a and string.find(e, ':', a + 1, true)
+  local c = b and string.find(e, ':', b + 1, true)
+  local d = c and string.find(e, ':', c + 1, true)
+  if not d or d == c + 1 then
+    return redis.error_reply('ERR malformed entry at position ' .. pos)
+  end
+  local id = string.sub(e, c + 1, d - 1)
+  local write = not (check and redis.call('HEXISTS', jobmeta, id) == 1)
+  if write and key ~= '' then
+    local holder = hold[key]
+    if holder then
+      out[#out + 1] = pos
+      out[#out + 1] = holder
+      write = false
+    else
+      hold[key] = id
+      claims[#claims + 1] = key
+      claims[#claims + 1] = id
+    end
+  end
+  if write then
+    entries[#entries + 1] = e
+    metas[#metas + 1] = id
+    metas[#metas + 1] = cid .. '\n' .. ttl .. '\n' .. key
+  end
+end
+if #entries == 0 then return out end
+
+if mode == 'ready' then
+  redis.call('RPUSH', ready, unpack(entries))
+  -- the waiting bits (job_status / cancel): ids are metas[1], metas[3], ...
+  local top = seq_top(seq)
+  for j = 1, #metas, 2 do
+    local slot, off = wait_pos(top, seq_of(metas[j]))
+    if slot then redis.call('SETBIT', KEYS[WAIT0 + slot], off, 1) end
+  end
+else
+  local due = tonumber(ARGV[3])
+  if mode == 'rel' then due = now + due end
+  local z, idx = {}, {}
+  for j, e in ipairs(entries) do
+    z[#z + 1] = due
+    z[#z + 1] = e
+    idx[#idx + 1] = metas[2 * j - 1]
+    idx[#idx + 1] = e
+  end
+  redis.call('ZADD', delayed, unpack(z))
+  redis.call('HSET', pending, unpack(idx))
+end
+redis.call('HSET', jobmeta, unpack(metas))
+if #claims > 0 then redis.call('HSET', dedup, unpack(claims)) end
+-- a lapsed key taken again is held anew (until its new job settles)
+if #lapsed_keys > 0 then redis.call('ZREM', dedup_exp, unpack(lapsed_keys)) end
+redis.call('HINCRBY', stats, 'enqueued', #entries)
+if cid ~= '' then
+  redis.call('HINCRBY', campaigns, cid .. ':t', #entries)
+  redis.call('HINCRBY', campaigns, cid .. ':p', #entries)
+end
+leave_wake_token(wake)
+out[2] = #entries
+return out

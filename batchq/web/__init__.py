@@ -1,0 +1,36 @@
+"""The batchq web console: an operator's page over the same data as ``batchq info``.
+
+Install with ``pip install 'batchq[web]'`` (Starlette + uvicorn). Serve it with
+``batchq.web.serve(app)`` (blocks), :func:`start_in_thread` (from another process's
+thread), or mount :func:`create_app`'s ASGI app yourself. Modules, in the order a
+request meets them: ``security`` (bind rule, auth, host, CSRF, headers), ``routes``
+(pages and the ``/api/`` JSON), ``deadletters`` (paged, searched and chunked dead-letter
+work), ``rates`` (jobs/s from the scripts' counters), ``server`` (uvicorn in a thread);
+the data itself comes from :mod:`batchq.overview`. ``batchq web`` (or ``python -m
+batchq.web``) runs it.
+"""
+
+from __future__ import annotations
+
+try:
+    import starlette  # noqa: F401
+    import uvicorn  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError("the batchq web console needs its extra: pip install 'batchq[web]' "
+                      f"({exc})") from exc
+
+from .routes import create_app
+from .security import InsecureBindError, check_bind, is_loopback
+from .server import DEFAULT_HOST, DEFAULT_PORT, WebServer, serve, start_in_thread
+
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "InsecureBindError",
+    "WebServer",
+    "check_bind",
+    "create_app",
+    "is_loopback",
+    "serve",
+    "start_in_thread",
+]
