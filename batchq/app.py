@@ -16,7 +16,7 @@ import redis
 from redis.asyncio import Redis as AsyncRedis
 
 from . import campaign as campaigns_
-from . import producer
+from . import producer, results
 from .campaign import DEFAULT_CAMPAIGN_TTL_S, Campaign, CampaignStats
 from .clients import Clients
 from .codec import Job
@@ -104,6 +104,7 @@ class App:
         batch_size: None = None,
         retry_backoff_s: float = 1.0,
         retry_backoff_max_s: float = 300.0,
+        result_ttl_s: float | None = None,
         key_ttl_s: float = ...,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
@@ -121,12 +122,15 @@ class App:
         batch_size: int,
         retry_backoff_s: float = 1.0,
         retry_backoff_max_s: float = 300.0,
+        result_ttl_s: None = None,
         key_ttl_s: float = ...,
     ) -> Callable[[Callable[[list[Job]], Any]], Task[..., Any]]: ...
 
     def task(self, fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
         """Register a handler: ``@app.task`` or ``@app.task(queue=..., ...)``.
 
+        ``result_ttl_s``: keep each run's return value (msgpack, at most
+        ``max_payload_bytes``) this long, for ``app.result``; None (default): not kept.
         ``batch_size=N`` makes a batch handler, called with up to N ``batchq.Job``; it
         may return a mapping of job id to exception (or message) for the jobs that
         failed: only those are retried. Raising fails the whole batch.
@@ -191,6 +195,38 @@ class App:
     async def aclose(self) -> None:
         """Close the asyncio client of the running loop."""
         await self.clients.aclose()
+
+    # --- results, status, cancel (batchq/results.py) ------------------------------------
+
+    def result(self, job_id: str, timeout_s: float = 10.0) -> Any:
+        """The return value of job ``job_id`` (a task with ``result_ttl_s``), waiting up to
+        ``timeout_s`` for it without polling. Raises ``batchq.JobDead`` (with the dead
+        record) if it was dead-lettered, ``batchq.JobCancelled`` if it was cancelled,
+        ``TimeoutError`` if it did not finish in time, ``KeyError`` if the job is unknown
+        or its result expired (or is not kept)."""
+        return results.result(self, job_id, timeout_s)
+
+    async def aresult(self, job_id: str, timeout_s: float = 10.0) -> Any:
+        """``result`` for asyncio code."""
+        return await results.aresult(self, job_id, timeout_s)
+
+    def job_status(self, job_id: str) -> str:
+        """``"ready"``, ``"delayed"`` (also a retry waiting for its backoff),
+        ``"reserved"`` (running), ``"succeeded"`` (while its result is kept),
+        ``"dead"`` (while the dead-letter store keeps it), ``"cancelled"`` (for
+        ``results.CANCEL_KEEP_S``) or ``"unknown"`` (never seen, or finished and
+        forgotten: a task without ``result_ttl_s`` keeps no trace of a success)."""
+        return results.job_status(self, job_id)
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel a job that waits (ready or delayed): True if it will never run, False
+        if it is running, finished, already cancelled or unknown. Safe against a worker
+        popping it at the same moment: exactly one of the two wins."""
+        return results.cancel(self, job_id)
+
+    async def acancel(self, job_id: str) -> bool:
+        """``cancel`` for asyncio code."""
+        return await results.acancel(self, job_id)
 
     # --- locks and periodic jobs (batchq/lock.py, batchq/periodic.py) ------------------
 

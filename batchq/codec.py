@@ -10,6 +10,7 @@ the body is opaque to Redis. No pickle, ever: a value msgpack cannot encode is a
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
 import secrets
@@ -26,12 +27,17 @@ __all__ = [
     "check_int",
     "decode_dead_record",
     "decode_entry",
+    "decode_result",
     "encode_body",
     "encode_dead_record",
+    "encode_result",
     "header",
     "new_id",
     "parse_header",
+    "queue_ref",
+    "ref_of",
     "reset_attempt",
+    "seq_of",
 ]
 
 
@@ -97,12 +103,20 @@ class Job:
         )
 
 
-# --- ids -------------------------------------------------------------------------------
-# A random 72-bit prefix per process plus a counter: unique without coordination, short
-# (about 16 characters), and cheap. The prefix is drawn again in a forked child. Letters
-# and digits only: an id never starts with "-" (a command line would read it as a flag).
+# --- ids ---------------------------------------------------------------------------------
+# "<queue ref><13 random characters><hex counter>". The queue ref (REF_LEN characters, a
+# hash of the queue name) lets ``job_status`` / ``cancel`` / ``result`` go from a job id
+# to its queue's keys without a scan (on a Cluster: to the right slot). The random part
+# (72 bits per process, drawn again in a forked child) plus the counter keeps ids unique
+# without coordination, short and cheap. Letters and digits only: an id never starts
+# with "-" (a command line would read it as a flag).
 
 _ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+REF_LEN = 4
+"""Characters of the queue reference at the start of an id (62**4, about 14.8 million
+values: two queues of one namespace rarely share one, and when they do the readers look
+in both)."""
 
 
 def _base62(n: int, width: int) -> str:
@@ -111,6 +125,17 @@ def _base62(n: int, width: int) -> str:
         n, r = divmod(n, 62)
         out.append(_ALPHABET[r])
     return "".join(out)
+
+
+def queue_ref(queue: str) -> str:
+    """The short reference of ``queue`` that starts its jobs' ids."""
+    digest = hashlib.blake2b(queue.encode("utf-8", "surrogateescape"), digest_size=8).digest()
+    return _base62(int.from_bytes(digest, "big"), REF_LEN)
+
+
+def ref_of(job_id: str) -> str:
+    """The queue reference in a job id ("" for an id too short to carry one)."""
+    return job_id[:REF_LEN] if len(job_id) > REF_LEN + 13 else ""
 
 
 _prefix = ""
@@ -127,9 +152,30 @@ _reseed()
 os.register_at_fork(after_in_child=_reseed)
 
 
-def new_id() -> str:
-    """A new job id: 13 random base-62 characters, then a hex counter."""
-    return f"{_prefix}{next(_counter):x}"
+TRACKED_MARK = "_m"
+"""The end of a tracked job's id (``tracked.TRACKED_SUFFIX``): ``<ref><13 random>`` then
+``-<hex seq>`` (ready) or a hex counter (delayed), then this mark."""
+
+
+def new_id(ref: str = "0000", seq: int | None = None) -> str:
+    """A new job id: the queue reference ``ref``, 13 random base-62 characters, then
+    ``-`` and the hex sequence number ``seq`` (see ``seqs``), or a hex counter when the
+    job has none (delayed and periodic jobs)."""
+    if seq is not None:
+        return f"{ref}{_prefix}-{seq:x}"
+    return f"{ref}{_prefix}{next(_counter):x}"
+
+
+def seq_of(job_id: str) -> int | None:
+    """The sequence number in an id made by ``new_id(ref, seq)``, else None."""
+    if len(job_id) > REF_LEN + 14 and job_id[REF_LEN + 13] == "-":
+        # a tracked job (campaign or dedup key) carries its mark after the number
+        end = -len(TRACKED_MARK) if job_id.endswith(TRACKED_MARK) else None
+        try:
+            return int(job_id[REF_LEN + 14:end], 16)
+        except ValueError:
+            return None
+    return None
 
 
 # --- entries ---------------------------------------------------------------------------
@@ -364,6 +410,29 @@ def reset_attempt(raw: bytes) -> bytes | None:
     except DecodeError:
         return None
     return b"%d:0:%d:%s:%s" % (p, m, jid.encode(), body)
+
+
+# --- results ---------------------------------------------------------------------------
+
+
+def encode_result(task: str, value: Any, limit: int) -> bytes:
+    """msgpack of a handler's return value (tasks with ``result_ttl_s``); a ``TypeError``
+    naming the task when msgpack cannot encode it, a ``ValueError`` when it is larger
+    than ``limit`` bytes (the app's ``max_payload_bytes``)."""
+    try:
+        data: bytes = msgpack.packb(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise TypeError(f"the result of {task} ({type(value).__name__}) cannot be encoded "
+                        f"with msgpack: {exc}") from None
+    if len(data) > limit:
+        raise ValueError(f"the result of {task} is {len(data)} bytes encoded, above the "
+                         f"limit of {limit} (App(max_payload_bytes=...))")
+    return data
+
+
+def decode_result(data: bytes) -> Any:
+    """The value in a stored result."""
+    return msgpack.unpackb(data, strict_map_key=False)
 
 
 # --- dead records ----------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class BatchqError(Exception):
     """Base class of batchq's own errors."""
@@ -40,6 +42,28 @@ class Retry(Exception):
     def __init__(self, delay_s: float | None = None, message: str = "") -> None:
         super().__init__(message or (f"retry requested in {delay_s}s" if delay_s else "retry"))
         self.delay_s = delay_s
+
+
+class JobDead(BatchqError):
+    """``app.result`` of a job that was dead-lettered. ``job_id``; ``record``: the dead
+    record (``reason``, ``error_type``, ``error_message``, ``traceback``, ``raw``)."""
+
+    def __init__(self, job_id: str, record: dict[str, Any]) -> None:
+        self.job_id = job_id
+        self.record = record
+        self.reason = str(record.get("reason", ""))
+        self.error_type = str(record.get("error_type", ""))
+        self.error_message = str(record.get("error_message", ""))
+        super().__init__(f"job {job_id} is dead ({self.reason}): {self.error_type}: "
+                         f"{self.error_message}")
+
+
+class JobCancelled(BatchqError):
+    """``app.result`` of a job that was cancelled before it ran."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"job {job_id} was cancelled")
+        self.job_id = job_id
 
 
 class LockNotAcquired(BatchqError):

@@ -21,6 +21,27 @@ Layout of one queue ``Q`` in namespace ``NS`` (``T`` = ``NS:{NS:Q}``)::
                                    a worker whose lease expired (pop.lua); empty normally
     T:started                hash  id -> lease of a recovered job whose handler started
                                    (start.lua): if that worker dies, this job is charged
+    T:seq                    string next free job sequence number; producers reserve
+                                   blocks of them (reserve.lua); an id made by enqueue
+                                   ends with "-<hex seq>"
+    T:waiting0..3            bitmap bit (seq mod 2^23) of generation (seq >> 23) mod 4:
+                                   set while a job enqueued ready has not been popped
+                                   (enqueue sets a chunk's bits in <= 3 commands, pop
+                                   clears them); a reservation entering a new generation
+                                   deletes the slot of the generation 4 back
+    T:pending                hash  id -> "r" or the entry: jobs waiting that are not in a
+                                   bitmap: delayed (entry), and ready again after a
+                                   promotion, release, reaping or redrive ("r")
+    T:waiters                string flag (TTL) set by processes waiting for results;
+                                   ack_result.lua publishes only while it exists
+    T:cancel                 hash  id -> "1": cancelled ready jobs still in their list;
+                                   pop.lua drops them (and the field) when it pops them
+    T:cancelled              zset  id -> when it was cancelled (ms): the "cancelled"
+                                   status, kept ``CANCEL_KEEP_MS`` (cancel.lua trims)
+    T:result:<id>            string the msgpack return value of a task with
+                                   ``result_ttl_s``, expiring after it (ack_result.lua)
+    T:done:<id>              pub/sub channel (not a key): the scripts publish "s"
+                                   (succeeded), "d" (dead) or "c" (cancelled) on it
     T:campaigns              hash  per campaign C with jobs on this queue: "C:f" its flag
                                    here (open, sealed, cancelled, done) and its counters
                                    "C:t" total, "C:p" pending, "C:s" succeeded, "C:d" dead,
@@ -45,6 +66,9 @@ PRIORITIES = 10
 """Priority levels 0..9; a higher number runs first."""
 
 MAX_PRIORITY = PRIORITIES - 1
+
+WAIT_GEN_BITS = 23
+"""A generation of job sequence numbers is 2^23 (one 1 MiB bitmap); four are live."""
 
 
 def queues_key(namespace: str) -> str:
@@ -86,6 +110,24 @@ class QueueKeys:
     dedup: str = field(init=False)
     dedup_exp: str = field(init=False)
     periodic: str = field(init=False)
+    pending: str = field(init=False)
+    cancel: str = field(init=False)
+    cancelled: str = field(init=False)
+    seq: str = field(init=False)
+    """Counter handing out blocks of job sequence numbers (``reserve.lua``). Not in
+    ``all()``: a reset would let two producers hand out the same numbers."""
+    waiting0: str = field(init=False)
+    waiting1: str = field(init=False)
+    waiting2: str = field(init=False)
+    waiting3: str = field(init=False)
+    """Bitmaps, bit set = the job with that sequence number waits in a ready list since
+    its enqueue (see ``WAIT_GEN_BITS``)."""
+    waiters: str = field(init=False)
+    """Flag (with a TTL) kept alive by result waiters; ack_result.lua publishes only
+    while it exists."""
+    done: str = field(init=False)
+    """Prefix of the per-job pub/sub channels ``<done>:<id>`` (not a key; declared in
+    the scripts' KEYS so the channel is named by the caller, never built from parts)."""
     """Periodic schedules' last ticks (``periodic_tick.lua``); not in ``all()``, so
     ``Queue.clear`` does not reset them."""
 
@@ -101,7 +143,9 @@ class QueueKeys:
             self, "ready", tuple(f"{p}:ready:{i}" for i in range(MAX_PRIORITY, -1, -1))
         )
         for name in ("delayed", "reserved", "inflight", "dead", "wake", "paused", "stats",
-                     "recovered", "started", "periodic", "campaigns", "jobmeta", "dedup"):
+                     "recovered", "started", "periodic", "pending", "cancel", "cancelled",
+                     "done", "seq", "waiting0", "waiting1", "waiting2", "waiting3",
+                     "waiters", "campaigns", "jobmeta", "dedup"):
             object.__setattr__(self, name, f"{p}:{name}")
         object.__setattr__(self, "dead_jobs", f"{p}:dead:jobs")
         object.__setattr__(self, "dedup_exp", f"{p}:dedup:exp")
@@ -124,11 +168,26 @@ class QueueKeys:
             self.stats,
             self.recovered,
             self.started,
+            self.pending,
+            self.cancel,
+            self.cancelled,
+            self.waiting0,
+            self.waiting1,
+            self.waiting2,
+            self.waiting3,
             self.campaigns,
             self.jobmeta,
             self.dedup,
             self.dedup_exp,
         )
+
+    def result(self, job_id: str) -> str:
+        """The result key of one job (a string with a TTL)."""
+        return f"{self.prefix}:result:{job_id}"
+
+    def done_channel(self, job_id: str) -> str:
+        """The pub/sub channel a job's end is announced on."""
+        return f"{self.done}:{job_id}"
 
 
 @dataclass(frozen=True, slots=True)

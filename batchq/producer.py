@@ -41,20 +41,10 @@ from .options import (
     eta_seconds,
 )
 from .scripts import arun_pipeline, calls, run_pipeline
+from .seqs import SeqSource, areserve, entry_runs
 
-__all__ = [
-    "MAX_DELAY_S",
-    "Call",
-    "EnqueueOptions",
-    "KeyFn",
-    "aenqueue",
-    "aenqueue_many",
-    "call",
-    "enqueue",
-    "enqueue_many",
-    "eta_seconds",
-    "plan",
-]
+__all__ = ["MAX_DELAY_S", "Call", "EnqueueOptions", "KeyFn", "aenqueue", "aenqueue_many",
+           "call", "enqueue", "enqueue_many", "eta_seconds", "plan"]
 
 CHUNK = 1000
 """Jobs per script call (Lua's unpack limit is about 8000 arguments)."""
@@ -90,6 +80,7 @@ class _Plan:
     task: str
     due: tuple[str, int] | None  # ("rel", ms) or ("abs", unix ms) or None for ready
     max_payload: int
+    ref: str = ""  # the queue reference every id of this plan starts with
     campaign: str | None = None
     key_ttl_ms: int = 0
     tracked: bool = False
@@ -100,12 +91,15 @@ class _Plan:
     def target(self) -> str:
         return self.keys.ready_for(int(self.head[:1]))
 
-    def entry(self, args: Any, kwargs: Mapping[str, Any], now_ms: int) -> tuple[str, bytes]:
-        jid = codec.new_id() + tracked.TRACKED_SUFFIX if self.tracked else codec.new_id()
+    def entry(self, args: Any, kwargs: Mapping[str, Any], now_ms: int,
+              seq: Callable[[], int | None] | None = None) -> tuple[str, bytes]:
         due_ms = None
         if self.due is not None:
             due_ms = now_ms + self.due[1] if self.due[0] == "rel" else self.due[1]
         body = codec.encode_body(self.task, args, kwargs, now_ms, due_ms)
+        jid = codec.new_id(self.ref, seq() if seq else None)  # no number for a bad job
+        if self.tracked:
+            jid += tracked.TRACKED_SUFFIX  # the sequence part, then the mark
         e = b"%s%s:%s" % (self.head, jid.encode(), body)
         if len(e) > self.max_payload:
             raise PayloadTooLarge(
@@ -122,7 +116,8 @@ class _Plan:
                                       self.key_ttl_ms, tracked.TRIM_CHUNK, entries,
                                       check=check)
             return c.keys, c.args
-        c = (calls.enqueue(self.keys, p, entries, check=check) if self.due is None else
+        runs = entry_runs(self.head, entries) if self.due is None else ""
+        c = (calls.enqueue(self.keys, p, entries, check=check, runs=runs) if self.due is None else
              calls.schedule(self.keys, p, self.due[0], self.due[1], entries, check=check))
         return c.keys, c.args
 
@@ -143,7 +138,7 @@ def plan(src: _PlanSource, task: str, queue: str, priority: int, max_attempts: i
     ttl_s = tracked.DEFAULT_KEY_TTL_S if key_ttl_s is None else \
         _check_seconds("key_ttl_s", key_ttl_s, MAX_DELAY_S)
     return _Plan(src.keys(_check_queue("queue", queue)), codec.header(priority, max_attempts),
-                 task, due, src.max_payload_bytes,
+                 task, due, src.max_payload_bytes, codec.queue_ref(queue),
                  None if campaign is None else tracked.check_campaign_id(campaign),
                  round(ttl_s * 1000), campaign is not None or keyed)
 
@@ -161,7 +156,8 @@ def _split(item: Any) -> tuple[Any, Mapping[str, Any]]:
 KeyFn = Callable[[Any], "str | None"]
 
 
-def _chunks(p: _Plan, items: Iterable[Any], key_fn: KeyFn | None = None
+def _chunks(p: _Plan, items: Iterable[Any], seqs: Callable[[], int | None] | None,
+            key_fn: KeyFn | None = None
             ) -> Iterator[tuple[list[str], list[bytes]]]:
     ids: list[str] = []
     entries: list[bytes] = []
@@ -169,7 +165,7 @@ def _chunks(p: _Plan, items: Iterable[Any], key_fn: KeyFn | None = None
     for n, item in enumerate(items, 1):
         args, kwargs = _split(item)
         try:
-            jid, e = p.entry(args, kwargs, now_ms)
+            jid, e = p.entry(args, kwargs, now_ms, seqs)
             if p.tracked:
                 key = key_fn(item) if key_fn is not None else None
                 entries += (e, b"" if key is None else tracked.check_key(key).encode())
@@ -203,8 +199,9 @@ class _Stream:
     """The bookkeeping of one ``enqueue_many`` (no I/O): windows of chunks, and what
     Redis confirmed so far, for an exact ``EnqueueError``."""
 
-    def __init__(self, p: _Plan, key_fn: KeyFn | None = None) -> None:
-        self.p = p
+    def __init__(self, p: _Plan, seqs: Callable[[], int | None],
+                 key_fn: KeyFn | None = None) -> None:
+        self.p, self.seqs = p, (seqs if p.due is None else None)
         self.key_fn = key_fn
         self.written: list[str] = []
 
@@ -213,7 +210,7 @@ class _Stream:
         ``PayloadTooLarge``) stops the stream; the error then carries ``written`` and
         ``ids`` of the jobs already in Redis, like ``EnqueueError``."""
         window: Window = []
-        chunks = _chunks(self.p, items, self.key_fn)
+        chunks = _chunks(self.p, items, self.seqs, self.key_fn)
         while True:
             try:
                 chunk = next(chunks, None)
@@ -325,7 +322,8 @@ def _write_tracked_sync(c: Clients, p: _Plan, ids: list[str], entries: list[byte
 
 def enqueue(c: Clients, p: _Plan, args: Any, kwargs: Mapping[str, Any],
             key: str | None = None) -> str:
-    jid, e = p.entry(args, kwargs, int(time.time() * 1000))
+    jid, e = p.entry(args, kwargs, int(time.time() * 1000),
+                     SeqSource(c, p.keys) if p.due is None else None)
     if p.tracked:
         return _write_tracked_sync(c, p, [jid], [e, (key or "").encode()])[0]
     _with_retry_sync(c, p, [e])
@@ -334,7 +332,7 @@ def enqueue(c: Clients, p: _Plan, args: Any, kwargs: Mapping[str, Any],
 
 def enqueue_many(c: Clients, p: _Plan, items: Iterable[Any],
                  key_fn: KeyFn | None = None) -> list[str]:
-    st = _Stream(p, key_fn)
+    st = _Stream(p, SeqSource(c, p.keys, want=CHUNK), key_fn)
     for single, rest in st.steps(items):
         if single is not None:
             try:
@@ -461,7 +459,8 @@ async def _write_tracked_async(c: Clients, p: _Plan, ids: list[str], entries: li
 
 async def aenqueue(c: Clients, p: _Plan, args: Any, kwargs: Mapping[str, Any],
                    key: str | None = None) -> str:
-    jid, e = p.entry(args, kwargs, int(time.time() * 1000))
+    runs = await areserve(c, p.keys, 1) if p.due is None else []
+    jid, e = p.entry(args, kwargs, int(time.time() * 1000), SeqSource(c, p.keys, runs))
     if p.tracked:
         return (await _write_tracked_async(c, p, [jid], [e, (key or "").encode()]))[0]
     await coalescer(c).submit(c, p, e)
@@ -470,7 +469,8 @@ async def aenqueue(c: Clients, p: _Plan, args: Any, kwargs: Mapping[str, Any],
 
 async def aenqueue_many(c: Clients, p: _Plan, items: Iterable[Any],
                         key_fn: KeyFn | None = None) -> list[str]:
-    st = _Stream(p, key_fn)
+    items = list(items)  # its length: the sequence numbers are reserved up front
+    st = _Stream(p, SeqSource(c, p.keys, await areserve(c, p.keys, len(items))), key_fn)
     for single, rest in st.steps(items):
         if single is not None:
             try:

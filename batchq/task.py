@@ -61,6 +61,8 @@ class TaskConfig:
     batch_size: int | None = None
     retry_backoff_s: float = 1.0
     retry_backoff_max_s: float = 300.0
+    result_ttl_s: float | None = None
+    """Keep each job's return value this long (``app.result``); None: not stored."""
     key_ttl_s: float = tracked.DEFAULT_KEY_TTL_S
     """How long a dedup key stays held after its job finished."""
 
@@ -81,7 +83,20 @@ class TaskConfig:
             _positive("timeout_s", self.timeout_s)
         _positive("retry_backoff_s", self.retry_backoff_s, zero_ok=True)
         _positive("retry_backoff_max_s", self.retry_backoff_max_s, zero_ok=True)
+        if self.result_ttl_s is not None:
+            _positive("result_ttl_s", self.result_ttl_s)
+            if round(self.result_ttl_s * 1000) < 1:
+                raise ValueError(f"result_ttl_s must be at least 0.001, got "
+                                 f"{self.result_ttl_s!r}")
+            if self.batch_size is not None:
+                raise ValueError("result_ttl_s is for single-job tasks: a batch handler "
+                                 "returns failures, not results")
         _positive("key_ttl_s", self.key_ttl_s, zero_ok=True)
+
+    @property
+    def result_ttl_ms(self) -> int | None:
+        """``result_ttl_s`` in ms (None: results are not stored)."""
+        return None if self.result_ttl_s is None else round(self.result_ttl_s * 1000)
 
 
 def _positive(name: str, value: object, *, zero_ok: bool = False) -> None:
@@ -191,6 +206,8 @@ class Task(_Enqueuer, Generic[P, R]):
         self.config = config
         self.is_async = inspect.iscoroutinefunction(fn)
         self.is_batch = config.batch_size is not None
+        self.result_ttl_ms = config.result_ttl_ms
+        """How long a run's return value is kept (ms); None: it is not stored."""
         self._task = self
         self._opts = EnqueueOptions()
         self.__name__ = getattr(fn, "__name__", config.name)

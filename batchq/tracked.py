@@ -15,12 +15,13 @@ import re
 import weakref
 from typing import Any
 
+from . import codec
 from .clients import Clients
 from .errors import CampaignClosed, CampaignNotFound
 from .keys import campaign_keys
 from .scripts import calls
 
-TRACKED_SUFFIX = "_m"
+TRACKED_SUFFIX = codec.TRACKED_MARK
 """Ends the id of every tracked job (base-62 ids never contain ``_``)."""
 
 MAX_KEY_BYTES = 512

@@ -291,7 +291,7 @@ def leftovers(r: Any, namespace: str, queues: Iterable[str], *,
     campaign_prefix = f"{namespace}:{{{namespace}:campaign:".encode()
     for q in queues:
         k = QueueKeys(namespace, q)
-        allowed |= {x.encode() for x in k.all()}
+        allowed |= {x.encode() for x in (*k.all(), k.seq, k.waiters)}
         for name, n in (("reserved", r.zcard(k.reserved)), ("inflight", r.hlen(k.inflight))):
             if n:
                 problems.append(f"{q}: {n} entries left in {name}")

@@ -90,6 +90,13 @@ local function try_hset(key, field, value)
   return ok_reply(redis.pcall('HSET', key, field, value))
 end
 
+-- Index jobs as waiting, by id (the pending hash: job_status and cancel.lua read it):
+-- "r" for a ready job, the entry itself for a delayed one (cancel.lua ZREMs it). One
+-- HSET per call; pairs is {id, value, id, value, ...}.
+local function index_pending(pending, pairs)
+  if #pairs > 0 then redis.call('HSET', pending, unpack(pairs)) end
+end
+
 -- "<id>:<attempt>" -> id
 local function member_id(m)
   return string.match(m, '^(.*):%d+$')
@@ -175,4 +182,47 @@ local function settle_tracked(campaigns, jobmeta, dedup, dedup_exp, ids, outcome
     if #z > 0 then redis.call('ZADD', dedup_exp, unpack(z)) end
   end
   redis.call('HDEL', jobmeta, unpack(gone))
+end
+
+-- Ready-job bitmaps (keys.py T:waiting0..3): the sequence number in an id made by
+-- enqueue ("...-<hex>", or "...-<hex>_m" for a tracked job), or nil for any other id.
+local WAIT_GEN = 8388608  -- 2^23 bits per generation (keys.WAIT_GEN_BITS)
+local function seq_of(id)
+  if string.sub(id, 18, 18) ~= '-' then return nil end
+  return tonumber(string.sub(id, 19, tracked(id) and -3 or -1), 16)
+end
+
+-- The next free sequence number (T:seq), read once per call.
+local function seq_top(seqkey)
+  return tonumber(redis.call('GET', seqkey) or '0')
+end
+
+-- Slot (0..3) and bit offset of sequence number s, or nil when s was never handed out
+-- or its generation's bitmap has been reused (4 generations back).
+local function wait_pos(top, s)
+  if not s or s < 0 or s >= top then return nil end
+  local g = math.floor(s / WAIT_GEN)
+  if math.floor((top - 1) / WAIT_GEN) - g > 3 then return nil end
+  return g % 4, s - g * WAIT_GEN
+end
+
+-- Set the bits of `count` consecutive offsets from `off` in one bitmap: at most three
+-- commands (the partial first byte, the whole middle bytes, the partial last byte).
+local function set_bits(key, off, count)
+  local head = (8 - off % 8) % 8
+  if head > count then head = count end
+  if head > 0 then
+    redis.call('BITFIELD', key, 'SET', 'u' .. head, off, 2 ^ head - 1)
+    off = off + head
+    count = count - head
+  end
+  local whole = math.floor(count / 8)
+  if whole > 0 then
+    redis.call('SETRANGE', key, off / 8, string.rep('\255', whole))
+    off = off + whole * 8
+    count = count - whole * 8
+  end
+  if count > 0 then
+    redis.call('BITFIELD', key, 'SET', 'u' .. count, off, 2 ^ count - 1)
+  end
 end

@@ -18,19 +18,24 @@ from typing import Any
 
 from ..keys import MAX_PRIORITY, CampaignKeys, LoadKeys, LockKeys, QueueKeys
 
+_WAIT = ("seq", "waiting0", "waiting1", "waiting2", "waiting3")  # the ready-job bitmaps
 _READY_ALL = tuple(f"ready{p}" for p in range(MAX_PRIORITY, -1, -1))
 _TRACKED = ("campaigns", "jobmeta", "dedup", "dedup_exp")
 
 KEY_ORDER: dict[str, tuple[str, ...]] = {
-    "enqueue": ("ready", "wake", "inflight", "stats"),
-    "schedule": ("delayed", "wake", "inflight", "ready", "stats"),
+    "enqueue": ("ready", "wake", "inflight", "stats", "pending", *_WAIT),
+    "schedule": ("delayed", "wake", "inflight", "ready", "stats", "pending"),
     "pop": ("delayed", "reserved", "inflight", "dead", "dead_jobs", "wake", "paused",
-            *_READY_ALL, "stats", "recovered", "started", *_TRACKED),
+            *_READY_ALL, "stats", "recovered", "started", *_TRACKED, "pending", "cancel",
+            "done", *_WAIT),
     "ack": ("reserved", "inflight", "stats", "recovered", "started", *_TRACKED),
+    "ack_result": ("reserved", "inflight", "stats", "recovered", "started", "done",
+                   "waiters", *_TRACKED),
     "nack": ("reserved", "inflight", "delayed", "dead", "dead_jobs", "wake", "stats",
-             "recovered", "started", *_TRACKED),
-    "release": ("reserved", "inflight", "wake", *_READY_ALL, "started"),
-    "enqueue_tracked": ("ready", "delayed", "wake", "inflight", "stats", *_TRACKED),
+             "recovered", "started", *_TRACKED, "pending", "done"),
+    "release": ("reserved", "inflight", "wake", *_READY_ALL, "started", "pending"),
+    "enqueue_tracked": ("ready", "delayed", "wake", "inflight", "stats", *_TRACKED,
+                        "pending", *_WAIT),
     "campaign_queue": ("campaigns", "reserved", "jobmeta"),
     "campaign_open": ("record",),
     "campaign_join": ("record", "queues"),
@@ -38,9 +43,13 @@ KEY_ORDER: dict[str, tuple[str, ...]] = {
     "campaign_finish": ("record", "queues"),
     "extend": ("reserved",),
     "start": ("reserved", "started"),
-    "redrive": ("dead", "dead_jobs", "wake", *_READY_ALL, "stats"),
+    "redrive": ("dead", "dead_jobs", "wake", *_READY_ALL, "stats", "pending"),
     "trim_dead": ("dead", "dead_jobs"),
-    "periodic_tick": ("periodic", "ready", "wake", "stats"),
+    "periodic_tick": ("periodic", "ready", "wake", "stats", "pending"),
+    "cancel": ("pending", "cancel", "cancelled", "delayed", "stats", "done", *_WAIT,
+               *_TRACKED),
+    "status": ("pending", "inflight", "dead_jobs", "cancelled", "cancel", *_WAIT),
+    "reserve": _WAIT,
     "lock_acquire": ("token", "fence"),
     "lock_release": ("token",),
     "lock_extend": ("token",),
@@ -75,10 +84,18 @@ def _keys(script: str, k: QueueKeys | LockKeys | LoadKeys | CampaignKeys,
     return out
 
 
-def enqueue(k: QueueKeys, priority: int, entries: Sequence[bytes], *, check: bool) -> Call:
+def enqueue(k: QueueKeys, priority: int, entries: Sequence[bytes], *, check: bool,
+            runs: str = "") -> Call:
     """Append ``entries`` (all of ``priority``) to their ready list; ``check``: the retry
-    of a call whose reply was lost (write nothing if the first job is there)."""
-    return Call("enqueue", _keys("enqueue", k, priority), ["1" if check else "0", *entries])
+    of a call whose reply was lost (write nothing if the first job is there); ``runs``:
+    the jobs' sequence numbers as ``"first:count,..."`` (``producer.seq_runs``)."""
+    return Call("enqueue", _keys("enqueue", k, priority),
+                ["1" if check else "0", runs, *entries])
+
+
+def reserve(k: QueueKeys, n: int) -> Call:
+    """Reserve ``n`` job sequence numbers of the queue; replies the first."""
+    return Call("reserve", _keys("reserve", k), [n])
 
 
 def schedule(k: QueueKeys, priority: int, mode: str, when_ms: int,
@@ -135,6 +152,30 @@ def pop(k: QueueKeys, want: int, lease_ms: int, chunk: int) -> Call:
 
 def ack(k: QueueKeys, leases: Sequence[bytes | str]) -> Call:
     return Call("ack", _keys("ack", k), list(leases))
+
+
+def ack_result(k: QueueKeys, items: Sequence[tuple[bytes | str, int, bytes]]) -> Call:
+    """Ack jobs and keep their results: ``items`` are (lease, TTL ms, msgpack result);
+    each job's result key follows the fixed KEYS."""
+    keys = _keys("ack_result", k)
+    args: list[Any] = []
+    for lease, ttl_ms, value in items:
+        text = lease.decode() if isinstance(lease, bytes) else lease
+        keys.append(k.result(text.rsplit(":", 1)[0]))
+        args += [lease, ttl_ms, value]
+    return Call("ack_result", keys, args)
+
+
+def cancel(k: QueueKeys, job_id: str, keep_ms: int, chunk: int) -> Call:
+    """Cancel ``job_id`` if it waits; cancelled records older than ``keep_ms`` go (at
+    most ``chunk`` per call)."""
+    return Call("cancel", _keys("cancel", k), [job_id, keep_ms, chunk])
+
+
+def status(k: QueueKeys, job_id: str, *, payload: bool) -> Call:
+    """Where ``job_id`` is; ``payload``: also its result value or dead record."""
+    return Call("status", [*_keys("status", k), k.result(job_id)],
+                [job_id, "1" if payload else "0"])
 
 
 def nack(k: QueueKeys, retries: Sequence[tuple[bytes | str, int]] = (),

@@ -7,6 +7,9 @@
 -- KEYS[3]  wake list                             KEYS[8]  dedup hash: key -> job id
 -- KEYS[4]  inflight hash                         KEYS[9]  dedup:exp zset: key -> lapse ms
 -- KEYS[5]  stats hash (field "enqueued")
+-- KEYS[10] pending hash: a delayed job's id -> its entry (cancel.lua, status.lua)
+-- KEYS[11] seq counter; KEYS[12..15] waiting bitmaps, slots 0..3: a ready job's bit
+--          (its id's sequence number, "-<hex>_m") is set, one SETBIT per job written
 -- ARGV[1]  "1" when retrying a call whose reply was lost: a job whose jobmeta entry
 --          exists (written by the lost call) is not written again
 -- ARGV[2]  "ready", or "rel" / "abs" (delayed: ARGV[3] is a delay from the server's now,
@@ -29,6 +32,9 @@ local campaigns = KEYS[6]
 local jobmeta = KEYS[7]
 local dedup = KEYS[8]
 local dedup_exp = KEYS[9]
+local pending = KEYS[10]
+local seq = KEYS[11]
+local WAIT0 = 12  -- KEYS[WAIT0 + s] is the bitmap of slot s (0..3)
 
 local check = ARGV[1] == '1'
 local mode = ARGV[2]
@@ -111,15 +117,24 @@ if #entries == 0 then return out end
 
 if mode == 'ready' then
   redis.call('RPUSH', ready, unpack(entries))
+  -- the waiting bits (job_status / cancel): ids are metas[1], metas[3], ...
+  local top = seq_top(seq)
+  for j = 1, #metas, 2 do
+    local slot, off = wait_pos(top, seq_of(metas[j]))
+    if slot then redis.call('SETBIT', KEYS[WAIT0 + slot], off, 1) end
+  end
 else
   local due = tonumber(ARGV[3])
   if mode == 'rel' then due = now + due end
-  local z = {}
-  for _, e in ipairs(entries) do
+  local z, idx = {}, {}
+  for j, e in ipairs(entries) do
     z[#z + 1] = due
     z[#z + 1] = e
+    idx[#idx + 1] = metas[2 * j - 1]
+    idx[#idx + 1] = e
   end
   redis.call('ZADD', delayed, unpack(z))
+  redis.call('HSET', pending, unpack(idx))
 end
 redis.call('HSET', jobmeta, unpack(metas))
 if #claims > 0 then redis.call('HSET', dedup, unpack(claims)) end

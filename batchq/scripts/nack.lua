@@ -9,6 +9,9 @@
 -- KEYS[10] campaigns hash, KEYS[11] jobmeta hash, KEYS[12] dedup hash, KEYS[13]
 --          dedup:exp zset: tracked jobs (ids ending "_m") that die are settled as dead
 --          (_lib.lua)
+-- KEYS[14] pending hash: a retried job waits in the delayed set again (id -> entry)
+-- KEYS[15] done: prefix of the per-job channels; a dead-lettered job is announced on
+--          "<done>:<id>" with "d" (result waiters wake)
 -- ARGV[1]  R, the number of retries that follow
 -- ARGV[2..2R+1]        pairs: lease "<id>:<attempt>", retry delay in ms
 -- ARGV[2R+2..]         pairs: lease, dead record (msgpack, built by the worker)
@@ -27,10 +30,12 @@ local campaigns = KEYS[10]
 local jobmeta = KEYS[11]
 local dedup = KEYS[12]
 local dedup_exp = KEYS[13]
+local pending = KEYS[14]
+local done = KEYS[15]
 
 local now = now_ms()
 local r = tonumber(ARGV[1])
-local stale, done = {}, {}
+local stale, finished = {}, {}
 local retried, buried = 0, 0
 local died = {}  -- tracked jobs that die
 local i = 2
@@ -45,15 +50,17 @@ while i < #ARGV do
     redis.call('ZREM', reserved, m)
     if i <= 2 * r then
       redis.call('ZADD', delayed, now + tonumber(v), e)
+      redis.call('HSET', pending, id, e)
       retried = retried + 1
     else
       redis.call('HSET', dead_jobs, id, v)
       redis.call('ZADD', dead, now, id)
+      redis.call('PUBLISH', done .. ':' .. id, 'd')
       buried = buried + 1
       if tracked(id) then died[#died + 1] = id end
     end
     redis.call('HDEL', inflight, id)
-    done[#done + 1] = id
+    finished[#finished + 1] = id
   else
     stale[#stale + 1] = i / 2
   end
@@ -63,7 +70,7 @@ if retried + buried > 0 then
   redis.call('HINCRBY', stats, 'retried', retried)
   redis.call('HINCRBY', stats, 'dead', buried)
 end
-forget_marks(recovered, started, done)
+forget_marks(recovered, started, finished)
 if retried > 0 then leave_wake_token(wake) end
 if #died > 0 then
   local due = {}

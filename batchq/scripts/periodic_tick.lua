@@ -12,6 +12,7 @@
 -- KEYS[2]  ready list of the task's priority
 -- KEYS[3]  wake list of the queue
 -- KEYS[4]  stats hash (field "enqueued")
+-- KEYS[5]  pending hash: id -> "r" (job_status, cancel.lua)
 -- ARGV[1]  task name
 -- ARGV[2]  the tick (ms, Unix time): the latest tick at or before now
 -- ARGV[3]  the tick after it (ms), recorded as the next run
@@ -29,6 +30,7 @@ local periodic = KEYS[1]
 local ready = KEYS[2]
 local wake = KEYS[3]
 local stats = KEYS[4]
+local pending = KEYS[5]
 local name = ARGV[1]
 local tick = tonumber(ARGV[2])
 local now = now_ms()
@@ -49,5 +51,7 @@ redis.call('RPUSH', ready, ARGV[6])
 redis.call('HSET', periodic, name .. ':tick', tick, name .. ':run', now, name .. ':next', ARGV[3],
            name .. ':schedule', ARGV[7], name .. ':lock', ARGV[8])
 redis.call('HINCRBY', stats, 'enqueued', 1)
+local _, _, _, id = parse(ARGV[6])
+if id then index_pending(pending, {id, 'r'}) end
 leave_wake_token(wake)
 return {1, now}

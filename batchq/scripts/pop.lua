@@ -18,6 +18,15 @@
 --          dedup:exp zset: tracked jobs (ids ending "_m", _lib.lua) reaped dead are
 --          settled; a popped job of a campaign cancelled on this queue is not reserved:
 --          it is dropped and counted cancelled
+-- KEYS[25] pending hash: id -> "r" | delayed entry (see enqueue.lua); kept in step with
+--          every move below, and the popped ids leave it
+-- KEYS[26] cancel hash: ids of cancelled ready jobs (cancel.lua); a popped one is
+--          dropped (never reserved nor run) and counted in stats "cancelled" (a tracked
+--          one is settled as cancelled in its campaign)
+-- KEYS[27] done: prefix of the per-job channels; a job dead-lettered here is announced
+--          on "<done>:<id>" with "d"
+-- KEYS[28] seq counter; KEYS[29..32] waiting bitmaps, slots 0..3 (enqueue.lua): a popped
+--          job's bit is cleared (one SETBIT per job; ids without a sequence number: none)
 -- ARGV[1]  how many jobs to pop (0 = maintenance only)
 -- ARGV[2]  lease in ms
 -- ARGV[3]  chunk: at most this many delayed and expired jobs are moved per call
@@ -53,6 +62,11 @@ local campaigns = KEYS[21]
 local jobmeta = KEYS[22]
 local dedup = KEYS[23]
 local dedup_exp = KEYS[24]
+local pending = KEYS[25]
+local cancel = KEYS[26]
+local done = KEYS[27]
+local seq = KEYS[28]
+local WAIT0 = 29  -- KEYS[WAIT0 + s] is the bitmap of slot s (0..3)
 
 local ISOLATE_AFTER = 2  -- recoveries after which a job runs alone, its start recorded
 
@@ -76,6 +90,15 @@ for _, e in ipairs(due) do
 end
 if #moved > 0 then
   redis.call('ZREM', delayed, unpack(moved))
+  local marks = {}
+  for _, e in ipairs(moved) do
+    local _, _, _, id = parse(e)
+    if id then
+      marks[#marks + 1] = id
+      marks[#marks + 1] = 'r'
+    end
+  end
+  index_pending(pending, marks)
 end
 
 -- 2. expired reservations -> ready head (latest first, so the earliest ends up in
@@ -104,6 +127,7 @@ for x = #expired, 1, -1 do
         'the lease of a malformed entry expired', e))
       if ok then
         redis.call('ZADD', dead, now, id)
+        redis.call('PUBLISH', done .. ':' .. id, 'd')
         buried = buried + 1
         if tracked(id) then t_dead[#t_dead + 1] = id end
       end
@@ -114,6 +138,7 @@ for x = #expired, 1, -1 do
       if ok then
         redis.call('ZADD', dead, now, id)
         redis.call('HDEL', recovered, id)
+        redis.call('PUBLISH', done .. ':' .. id, 'd')
         crashed = crashed + 1
         if tracked(id) then t_dead[#t_dead + 1] = id end
       end
@@ -129,6 +154,7 @@ for x = #expired, 1, -1 do
       end
       if ok then
         redis.call('HSET', recovered, id, (n + 1) .. ':' .. c)
+        redis.call('HSET', pending, id, 'r')
         reaped = reaped + 1
       end
     end
@@ -161,7 +187,9 @@ local header_n = #out
 if want > 0 and redis.call('EXISTS', paused) == 0 then
   local deadline = now + lease
   local any_recovered = redis.call('HLEN', recovered) > 0
-  local hargs, zargs = {}, {}
+  local any_tombstones = redis.call('HLEN', cancel) > 0
+  local hargs, zargs, ids = {}, {}, {}
+  local dropped = 0
   -- tracked jobs: only while a campaign is cancelled on this queue ("~cancelled" > 0)
   -- is each one's campaign flag looked up, to drop it; otherwise they cost nothing here
   local any_cancelled = tonumber(redis.call('HGET', campaigns, '~cancelled') or '0') > 0
@@ -173,6 +201,12 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
       want = want - #items
       for _, e in ipairs(items) do
         local ep, a, mx, id, hl = parse(e)
+        if ep and any_tombstones and redis.call('HDEL', cancel, id) == 1 then
+          -- cancelled while it waited (cancel.lua): dropped, never run
+          dropped = dropped + 1
+          if tracked(id) then skipped[#skipped + 1] = id end
+          ep = false
+        end
         if any_cancelled and ep and tracked(id) then
           local v = redis.call('HGET', jobmeta, id)
           local cid = v and string.match(v, '^([^\n]*)\n') or ''
@@ -181,12 +215,14 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
           end
           if cid ~= '' and flags[cid] == 'cancelled' then
             skipped[#skipped + 1] = id
+            ids[#ids + 1] = id  -- popped: leaves the pending index and its bitmap
             ep = false
           end
         end
         if ep == false then
           -- cancelled: dropped here (counted below), never reserved
         elseif ep then
+          ids[#ids + 1] = id
           local r = with_attempt(e, ep, a + 1, mx, id, hl)
           hargs[#hargs + 1] = id
           hargs[#hargs + 1] = r
@@ -199,9 +235,9 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
           end
         else
           -- each malformed entry keeps its own record, even identical ones
-          local seq = redis.call('HINCRBY', stats, 'malformed', 1)
+          local nth = redis.call('HINCRBY', stats, 'malformed', 1)
           bury(dead, dead_jobs, now,
-            'raw-' .. string.sub(redis.sha1hex(e), 1, 20) .. '-' .. seq,
+            'raw-' .. string.sub(redis.sha1hex(e), 1, 20) .. '-' .. nth,
             'decode_error', 'malformed job header', e)
           out[7] = out[7] + 1
         end
@@ -211,6 +247,19 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   if #hargs > 0 then
     redis.call('HSET', inflight, unpack(hargs))
     redis.call('ZADD', reserved, unpack(zargs))
+  end
+  if #ids > 0 then
+    if redis.call('HLEN', pending) > 0 then
+      redis.call('HDEL', pending, unpack(ids))
+    end
+    local top = seq_top(seq)
+    for _, id in ipairs(ids) do
+      local slot, off = wait_pos(top, seq_of(id))
+      if slot then redis.call('SETBIT', KEYS[WAIT0 + slot], off, 0) end
+    end
+  end
+  if dropped > 0 then
+    redis.call('HINCRBY', stats, 'cancelled', dropped)
   end
   if #skipped > 0 then
     settle_tracked(campaigns, jobmeta, dedup, dedup_exp, skipped, 'c', now, due)

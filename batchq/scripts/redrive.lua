@@ -3,6 +3,7 @@
 -- KEYS[1]  dead zset             KEYS[3]  wake list
 -- KEYS[2]  dead:jobs hash        KEYS[4..13]  ready lists, priority 9 down to 0
 -- KEYS[14] stats hash (a redriven job counts as enqueued again)
+-- KEYS[15] pending hash: a redriven job is ready again (job_status, cancel.lua)
 -- ARGV     pairs: id, encoded job with its attempt reset (built by the caller from the
 --          dead record's raw bytes)
 -- Returns  how many moved; an id no longer in the dead store is skipped, so two
@@ -12,6 +13,7 @@ local dead_jobs = KEYS[2]
 local wake = KEYS[3]
 local READY9 = 4  -- KEYS[READY9 + 9 - p] is the ready list of priority p
 local stats = KEYS[14]
+local pending = KEYS[15]
 
 local function ready_key(p)
   return KEYS[READY9 + 9 - p]
@@ -25,6 +27,7 @@ for i = 1, #ARGV - 1, 2 do
     redis.call('RPUSH', ready_key(p), e)
     redis.call('HDEL', dead_jobs, id)
     redis.call('ZREM', dead, id)
+    redis.call('HSET', pending, id, 'r')
     n = n + 1
   end
 end

@@ -5,6 +5,7 @@
 -- KEYS[2]  inflight hash         KEYS[4..13]  ready lists, priority 9 down to 0
 -- KEYS[14] started hash: a given-back job did not crash its worker, its mark goes
 --          (its "recovered" mark stays: it still runs alone next time)
+-- KEYS[15] pending hash: a given-back job is ready again (job_status, cancel.lua)
 -- ARGV     leases "<id>:<attempt>" in the order the jobs were popped
 -- Returns  how many were given back (stale leases are skipped).
 local reserved = KEYS[1]
@@ -12,6 +13,7 @@ local inflight = KEYS[2]
 local wake = KEYS[3]
 local READY9 = 4  -- KEYS[READY9 + 9 - p] is the ready list of priority p
 local started = KEYS[14]
+local pending = KEYS[15]
 
 local function ready_key(p)
   return KEYS[READY9 + 9 - p]
@@ -30,6 +32,7 @@ for i = #ARGV, 1, -1 do
       redis.call('ZREM', reserved, m)
       redis.call('HDEL', inflight, id)
       if marks then redis.call('HDEL', started, id) end
+      redis.call('HSET', pending, id, 'r')
       n = n + 1
     end
   end

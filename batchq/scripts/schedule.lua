@@ -5,6 +5,7 @@
 -- KEYS[3]  inflight hash
 -- KEYS[4]  ready list of the jobs' priority
 -- KEYS[5]  stats hash (field "enqueued")
+-- KEYS[6]  pending hash: id -> the entry, for every job written (job_status, cancel.lua)
 -- ARGV[1]  "1" when retrying a call whose reply was lost (see enqueue.lua)
 -- ARGV[2]  "rel": ARGV[3] is a delay in ms from the server's now;
 --          "abs": ARGV[3] is a Unix time in ms
@@ -16,6 +17,7 @@ local wake = KEYS[2]
 local inflight = KEYS[3]
 local ready = KEYS[4]
 local stats = KEYS[5]
+local pending = KEYS[6]
 
 if ARGV[1] == '1' then
   local _, _, _, id = parse(ARGV[4])
@@ -36,5 +38,15 @@ for i = 4, #ARGV do
 end
 redis.call('ZADD', delayed, unpack(args))
 redis.call('HINCRBY', stats, 'enqueued', #ARGV - 3)
+-- results/status/cancel: index the jobs by id (the entry: cancel.lua ZREMs it)
+local marks = {}
+for i = 4, #ARGV do
+  local _, _, _, id = parse(ARGV[i])
+  if id then
+    marks[#marks + 1] = id
+    marks[#marks + 1] = ARGV[i]
+  end
+end
+index_pending(pending, marks)
 leave_wake_token(wake)
 return due

@@ -72,6 +72,18 @@ class Outcomes:
         b.ack_tasks.append(job.task)
         self.st.counters.succeeded += 1
 
+    def ack_result(self, job: Job, task: Task[..., Any], value: Any, ttl_ms: int) -> None:
+        """A success whose return value is kept (``result_ttl_s``). A value msgpack cannot
+        encode, or one above ``max_payload_bytes``, fails the attempt instead."""
+        try:
+            data = codec.encode_result(job.task, value, self.st.app.max_payload_bytes)
+        except (TypeError, ValueError) as exc:
+            self.fail(job, task, exc, "failed")
+            return
+        b = self.settle(job)
+        b.results.append((job.lease, ttl_ms, data, job.task))
+        self.st.counters.succeeded += 1
+
     def fail(self, job: Job, task: Task[..., Any], exc: BaseException, reason: str) -> None:
         st = self.st
         st.counters.failed += 1
@@ -162,6 +174,11 @@ class Outcomes:
             for i in range(0, len(b.acks), CHUNK):
                 batch.append((calls.ack(k, b.acks[i : i + CHUNK]), q, "ok",
                               b.ack_tasks[i : i + CHUNK]))
+            for i in range(0, len(b.results), CHUNK):
+                part_r = b.results[i : i + CHUNK]
+                batch.append((calls.ack_result(k, [(lease, ttl, data)
+                                                   for lease, ttl, data, _ in part_r]),
+                              q, "ok", [t for _, _, _, t in part_r]))
             for i in range(0, len(b.retries), CHUNK):
                 part = b.retries[i : i + CHUNK]
                 batch.append((calls.nack(k, retries=[(lease, d) for lease, d, _ in part]),
@@ -194,7 +211,7 @@ class Outcomes:
                        results: list[Any], elapsed_s: float) -> None:
         st = self.st
         for i, r in enumerate(results):
-            if r and 0 in r:  # campaigns that became due follow a 0 (ack.lua, nack.lua)
+            if r and 0 in r:  # campaigns that became due follow a 0 (ack, ack_result, nack)
                 cut = r.index(0)
                 st.due_campaigns.update(x.decode() for x in r[cut + 1:])
                 st.due_event.set()
@@ -203,7 +220,7 @@ class Outcomes:
         m = st.m
         if m is None:
             return
-        acks = any(c.script == "ack" for c, _, _, _ in batch)
+        acks = any(c.script in ("ack", "ack_result") for c, _, _, _ in batch)
         m.redis.observe(("ack" if acks else "nack",), elapsed_s)
         for (_, q, kind, labels), stale in zip(batch, results, strict=True):
             # declared at 0 from the start; bumped only when there is something to count

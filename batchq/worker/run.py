@@ -220,9 +220,9 @@ class Runners:
             timeout = task.config.timeout_s
             try:
                 if timeout is None:
-                    await fn(*job.args, **job.kwargs)
+                    value = await fn(*job.args, **job.kwargs)
                 else:
-                    await _with_timeout(fn(*job.args, **job.kwargs), timeout, job.task)
+                    value = await _with_timeout(fn(*job.args, **job.kwargs), timeout, job.task)
             except asyncio.CancelledError as exc:
                 if _we_are_cancelled():
                     st.interrupted.append(job)
@@ -235,7 +235,11 @@ class Runners:
             except BaseException as exc:
                 self._handler_raised(job, task, exc)
             else:
-                self.out.ack(job)
+                ttl_ms = task.result_ttl_ms
+                if ttl_ms is None:
+                    self.out.ack(job)
+                else:
+                    self.out.ack_result(job, task, value, ttl_ms)
         if m is not None:
             m.run.observe((job.queue, job.task), time.perf_counter() - t0)
 
@@ -255,10 +259,10 @@ class Runners:
         timeout = task.config.timeout_s
         try:
             if timeout is None:
-                await fut
+                value = await fut
             else:
                 try:
-                    await asyncio.wait_for(asyncio.shield(fut), timeout)
+                    value = await asyncio.wait_for(asyncio.shield(fut), timeout)
                 except TimeoutError:
                     if fut.done():
                         raise
@@ -278,7 +282,11 @@ class Runners:
         except BaseException as exc:
             self._handler_raised(job, task, exc)
         else:
-            self.out.ack(job)
+            ttl_ms = task.result_ttl_ms
+            if ttl_ms is None:
+                self.out.ack(job)
+            else:
+                self.out.ack_result(job, task, value, ttl_ms)
 
     async def _run_batch(self, jobs: list[Job]) -> None:
         m = self.st.m

@@ -135,18 +135,22 @@ class Buffers:
     """(lease, retry delay in ms, task)"""
     dead: list[tuple[bytes, bytes, str, str]] = field(default_factory=list)
     """(lease, dead record, task, reason)"""
+    results: list[tuple[bytes, int, bytes, str]] = field(default_factory=list)
+    """Acks that keep a result: (lease, result TTL in ms, msgpack result, task)"""
 
     def extend(self, other: Buffers) -> None:
         self.acks += other.acks
         self.ack_tasks += other.ack_tasks
         self.retries += other.retries
         self.dead += other.dead
+        self.results += other.results
 
     def leases(self) -> list[bytes]:
-        return [*self.acks, *(r[0] for r in self.retries), *(d[0] for d in self.dead)]
+        return [*self.acks, *(r[0] for r in self.retries), *(d[0] for d in self.dead),
+                *(r[0] for r in self.results)]
 
     def __bool__(self) -> bool:
-        return bool(self.acks or self.retries or self.dead)
+        return bool(self.acks or self.retries or self.dead or self.results)
 
 
 def backoff_s(base_s: float, max_s: float, attempt: int) -> float:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import partial
 
 from batchq.keys import QueueKeys
-from batchq.scripts import SyncScripts
+from batchq.scripts import SyncScripts, calls
 
 from ._lua import enqueued, ns_keys, with_attempt
 from ._lua import entry as _entry
@@ -16,9 +16,8 @@ entry = partial(_entry, args=())
 
 
 def enqueue(s: SyncScripts, k: QueueKeys, entries: list[bytes], prio: int = 0,
-            check: bool = False) -> int:
-    return int(s.enqueue([k.ready_for(prio), k.wake, k.inflight, k.stats],
-                         ["1" if check else "0", *entries]))
+            check: bool = False, runs: str = "") -> int:
+    return int(s.call(calls.enqueue(k, prio, entries, check=check, runs=runs)))
 
 
 def test_appends_in_order_and_returns_list_length(redis_client, s, k):
@@ -120,3 +119,32 @@ def test_check_mode_ignores_an_unrelated_inflight_job(redis_client, s, k):
     es = [entry("mine")]
     assert enqueue(s, k, es, check=True) == 1
     assert redis_client.lrange(k.ready_for(0), 0, -1) == es
+
+
+def _bits(redis_client, key: str, n: int) -> list[int]:
+    return [redis_client.getbit(key, i) for i in range(n)]
+
+
+def test_runs_set_exactly_their_bits_in_a_few_commands(redis_client, s, k):
+    # sequence numbers 0..99 handed out; runs with unaligned edges, one byte-aligned run
+    # and single bits; the bits around them stay clear
+    assert int(s.call(calls.reserve(k, 100))) == 0
+    enqueue(s, k, [entry(f"j{i}") for i in range(3 + 20 + 16 + 1)],
+            runs="3:3,11:20,40:16,70:1")
+    want = {*range(3, 6), *range(11, 31), *range(40, 56), 70}
+    assert _bits(redis_client, k.waiting0, 100) == [int(i in want) for i in range(100)]
+    # numbers never handed out (>= T:seq) set nothing
+    enqueue(s, k, [entry("x")], runs="200:1")
+    assert redis_client.getbit(k.waiting0, 200) == 0
+
+
+def test_a_new_generation_empties_the_slot_it_reuses(redis_client, s, k):
+    gen = 1 << 23
+    redis_client.setbit(k.waiting1, 5, 1)  # as if left by generation 1 - 4 (slot 1)
+    redis_client.set(k.seq, gen - 10)
+    assert int(s.call(calls.reserve(k, 20))) == gen - 10
+    assert not redis_client.exists(k.waiting1)
+    enqueue(s, k, [entry(f"j{i}") for i in range(20)], runs=f"{gen - 10}:20")
+    # bits gen-16 .. gen-1 of slot 0 and 0 .. 15 of slot 1
+    assert redis_client.getrange(k.waiting0, gen // 8 - 2, -1) == b"\x03\xff"
+    assert redis_client.get(k.waiting1) == b"\xff\xc0"

@@ -37,7 +37,7 @@ def test_retry_moves_the_inflight_entry_to_delayed(redis_client, s, k, namespace
     # an idle worker is woken to learn the retry's due time
     assert redis_client.lrange(k.wake, 0, -1) == [b"1"]
     assert ns_keys(redis_client, namespace) == {k.delayed.encode(), k.wake.encode(),
-                                                k.stats.encode()}
+                                                k.stats.encode(), k.pending.encode()}
 
 
 def test_retry_with_zero_delay_is_due_now(redis_client, s, k):

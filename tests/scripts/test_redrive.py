@@ -43,7 +43,7 @@ def test_redrive_moves_dead_jobs_back_with_fresh_attempts(redis_client, s, k, na
     # a redriven job counts as enqueued again
     assert redis_client.hget(k.stats, "enqueued") == b"1"
     assert ns_keys(redis_client, namespace) == {
-        k.ready_for(0).encode(), k.wake.encode(), k.stats.encode()}
+        k.ready_for(0).encode(), k.wake.encode(), k.stats.encode(), k.pending.encode()}
     # and it runs again as attempt 1
     assert pop(s, k, 1)[0].split(b":", 2)[1] == b"1"
 

@@ -24,7 +24,8 @@ def test_released_jobs_return_to_the_head_in_original_order(redis_client, s, k, 
     # attempt refunded: the entries are byte-for-byte what was enqueued
     assert redis_client.lrange(k.ready_for(0), 0, -1) == [*es, later]
     assert redis_client.lrange(k.wake, 0, -1) == [b"1"]
-    assert ns_keys(redis_client, namespace) == {k.ready_for(0).encode(), k.wake.encode()}
+    assert ns_keys(redis_client, namespace) == {k.ready_for(0).encode(), k.wake.encode(),
+                                                k.pending.encode()}
 
     # the next pop hands them out again in the same order, attempt 1 again
     assert pop(s, k, 4) == [with_attempt(e, 1) for e in [*es, later]]

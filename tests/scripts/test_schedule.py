@@ -12,7 +12,8 @@ from ._lua import enqueued, entry, ns_keys, server_ms, with_attempt
 
 def schedule(s: SyncScripts, k: QueueKeys, kind: str, when: int, entries: list[bytes],
              prio: int = 0, check: bool = False) -> int:
-    return int(s.schedule([k.delayed, k.wake, k.inflight, k.ready_for(prio), k.stats],
+    return int(s.schedule([k.delayed, k.wake, k.inflight, k.ready_for(prio), k.stats,
+                                k.pending],
                           ["1" if check else "0", kind, when, *entries]))
 
 
@@ -31,7 +32,7 @@ def test_rel_due_time_is_server_now_plus_delay(redis_client, s, k, namespace):
     assert redis_client.hgetall(k.stats) == {b"enqueued": b"3"}
     # nothing went to a ready list
     assert ns_keys(redis_client, namespace) == {
-        k.delayed.encode(), k.wake.encode(), k.stats.encode()}
+        k.delayed.encode(), k.wake.encode(), k.stats.encode(), k.pending.encode()}
 
 
 def test_rel_zero_delay_is_server_now(redis_client, s, k):
@@ -92,7 +93,8 @@ def test_check_mode_minus_one_when_first_job_is_already_delayed(redis_client, s,
     assert schedule(s, k, "rel", 90_000, es, check=True) == -1
     # untouched: same members, same (first) due time, no wake token, no count
     assert delayed(redis_client, k) == {es[0]: float(due), es[1]: float(due)}
-    assert ns_keys(redis_client, namespace) == {k.delayed.encode(), k.stats.encode()}
+    assert ns_keys(redis_client, namespace) == {k.delayed.encode(), k.stats.encode(),
+                                                k.pending.encode()}
     assert enqueued(redis_client, k) == 2
 
 

@@ -23,7 +23,7 @@ from batchq.scripts import calls
 
 SCRIPT_DIR = Path(str(resources.files("batchq.scripts")))
 SCRIPT_FILES = sorted(p for p in SCRIPT_DIR.glob("*.lua") if p.name != "_lib.lua")
-KEYLESS_COMMANDS = {"time", "echo", "ping"}
+KEYLESS_COMMANDS = {"time", "echo", "ping", "publish"}  # a channel is not a key
 
 
 # --- a small Lua lexer ---------------------------------------------------------------------
@@ -402,7 +402,8 @@ def test_library_alone_compiles(redis_client: redis.Redis):
 
 def named_keys(path: Path) -> dict[int, str]:
     """KEYS slot -> name, from the ``local NAME = KEYS[n]`` lines at the top of a script
-    (and ``local READY9 = n``: slots n..n+9 are ready9..ready0)."""
+    (and ``local READY9 = n``: slots n..n+9 are ready9..ready0; ``local WAIT0 = n``:
+    slots n..n+3 are waiting0..waiting3)."""
     out: dict[int, str] = {}
     for line in body_of(path).splitlines():
         m = re.match(r"local (\w+) = KEYS\[(\d+)\]\s*$", line)
@@ -412,6 +413,10 @@ def named_keys(path: Path) -> dict[int, str]:
         if m:
             first = int(m.group(1))
             out.update({first + i: f"ready{9 - i}" for i in range(10)})
+        m = re.match(r"local WAIT0 = (\d+)\b", line)  # slots n..n+3: waiting0..waiting3
+        if m:
+            first = int(m.group(1))
+            out.update({first + i: f"waiting{i}" for i in range(4)})
     return out
 
 
@@ -424,7 +429,8 @@ def test_builder_key_order_matches_the_script(path):
     # the body uses only the named locals, never KEYS[...] directly (READY9 aside)
     body = "\n".join(line for line in body_of(path).splitlines()
                      if not re.match(r"local \w+ = KEYS\[\d+\]", line))
-    assert re.findall(r"KEYS\[(?!READY9)", body) == []
+    # (ack_result.lua: KEYS[RESULTS + j], one result key per job, after the named ones)
+    assert re.findall(r"KEYS\[(?!READY9|RESULTS|WAIT0)", body) == []
     # and the header documents exactly the slots the builder fills
     documented: set[int] = set()
     for lo, hi in re.findall(r"\bKEYS\[(\d+)(?:\.\.(\d+))?\]", header_of(path)):
@@ -442,6 +448,8 @@ def test_builders_fill_keys_from_the_queue(namespace):
     k = QueueKeys(namespace, "q")
     c = calls.pop(k, 5, 1000, 100)
     assert c.keys[7:17] == list(k.ready) and c.keys[17:20] == [k.stats, k.recovered, k.started]
-    assert c.keys[20:] == [k.campaigns, k.jobmeta, k.dedup, k.dedup_exp]
+    assert c.keys[20:24] == [k.campaigns, k.jobmeta, k.dedup, k.dedup_exp]
+    assert c.keys[24:] == [k.pending, k.cancel, k.done, k.seq, k.waiting0, k.waiting1,
+                           k.waiting2, k.waiting3]
     assert calls.enqueue(k, 3, [b"e"], check=False).keys[0] == k.ready_for(3)
     assert calls.nack(k, [(b"a:1", 5)], [(b"b:1", b"r")]).args == [1, b"a:1", 5, b"b:1", b"r"]

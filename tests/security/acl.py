@@ -20,10 +20,14 @@ BATCHQ_COMMANDS = (
     "+hmget", "+hgetall", "+set", "+del", "+expire", "+multi", "+exec",
     # campaigns: listing them (app.campaigns, the CLI, the metrics)
     "+zrevrange",
+    # results, status, cancel: job sequence numbers (reserve.lua), the ready-job bitmaps,
+    # the per-job channels (scripts publish, result() subscribes)
+    "+incrby", "+setbit", "+getbit", "+bitfield", "+setrange", "+publish", "+subscribe",
+    "+unsubscribe",
 )
 
 
 def acl_setuser_args(user: str, password: str, namespace: str) -> list[str]:
     """``ACL SETUSER`` arguments of the least-privileged batchq user of ``namespace``."""
     return [user, "reset", "on", f">{password}", f"~{namespace}:*", "resetchannels",
-            "-@all", *BATCHQ_COMMANDS]
+            f"&{namespace}:*", "-@all", *BATCHQ_COMMANDS]

@@ -26,7 +26,7 @@ from .sec_app import build, runs
 
 def test_acl_line_is_what_the_docs_say(acl_server: AclServer) -> None:
     line = " ".join(acl_setuser_args("batchq", "PASSWORD", "NS"))
-    assert line.startswith("batchq reset on >PASSWORD ~NS:* resetchannels -@all +ping ")
+    assert line.startswith("batchq reset on >PASSWORD ~NS:* resetchannels &NS:* -@all +ping ")
     r = acl_server.admin()
     try:
         rules = r.acl_getuser("batchq")
@@ -40,7 +40,7 @@ def test_readme_acl_line_lists_exactly_these_commands() -> None:
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     (line,) = [x for x in readme.splitlines() if "ACL SETUSER batchq" in x]
     documented = {w for w in line.split() if w.startswith("+")}
-    assert documented == set(acl_setuser_args("batchq", "PASSWORD", "NS")[7:])
+    assert documented == set(acl_setuser_args("batchq", "PASSWORD", "NS")[8:])
 
 
 def test_the_user_is_really_limited(acl_server: AclServer) -> None:

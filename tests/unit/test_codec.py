@@ -105,7 +105,10 @@ def test_new_ids_are_unique_and_url_safe():
     for i in ids:
         assert ":" not in i
         assert pattern.fullmatch(i), i
-    assert max(map(len, ids)) <= 20
+    # a 4-character queue reference (codec.queue_ref), 13 random, a hex counter
+    assert max(map(len, ids)) <= 24
+    assert codec.new_id(codec.queue_ref("emails")).startswith(codec.queue_ref("emails"))
+    assert codec.ref_of(codec.new_id(codec.queue_ref("q"))) == codec.queue_ref("q")
 
 
 def test_ids_differ_in_a_forked_child():

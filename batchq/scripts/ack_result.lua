@@ -1,0 +1,78 @@
+-- ack_result.lua: finish jobs whose handlers succeeded and keep their return values
+-- (tasks with result_ttl_s; plain acks go through ack.lua and pay nothing for this).
+--
+-- KEYS[1]  reserved zset
+-- KEYS[2]  inflight hash
+-- KEYS[3]  stats hash: "succeeded" counts the acks applied, exactly once each
+-- KEYS[4]  recovered hash, KEYS[5] started hash: the crash marks (pop.lua), forgotten
+-- KEYS[6]  done: prefix of the per-job channels; each applied ack is announced with "s"
+--          on "<done>:<id>" after its result is written (result waiters wake), only
+--          while KEYS[7] exists
+-- KEYS[7]  waiters flag: set (with a TTL) by processes waiting for results of this queue
+-- KEYS[8]  campaigns hash, KEYS[9] jobmeta hash, KEYS[10] dedup hash, KEYS[11] dedup:exp
+--          zset: tracked jobs (ids ending "_m") are settled as succeeded (_lib.lua)
+-- The keys after those: the result key of each job, in the order of the triples below
+-- (KEYS[RESULTS + j] belongs to the j-th triple).
+-- ARGV     triples: lease "<id>:<attempt>", result TTL in ms, msgpack result (at most
+--          1000 triples per call)
+-- Returns  the positions (1-based, counting triples) of stale leases: ones no longer
+--          reserved. A stale ack writes nothing, not even its result. When campaigns
+--          became due (see settle_tracked), a 0 follows the positions, then their ids.
+local reserved = KEYS[1]
+local inflight = KEYS[2]
+local stats = KEYS[3]
+local recovered = KEYS[4]
+local started = KEYS[5]
+local done = KEYS[6]
+local waiters = KEYS[7]
+local campaigns = KEYS[8]
+local jobmeta = KEYS[9]
+local dedup = KEYS[10]
+local dedup_exp = KEYS[11]
+local RESULTS = 11  -- KEYS[RESULTS + j] is the result key of the j-th triple
+
+local leases = {}
+for i = 1, #ARGV - 2, 3 do
+  leases[#leases + 1] = ARGV[i]
+end
+local scores = redis.call('ZMSCORE', reserved, unpack(leases))
+local stale, ids, live = {}, {}, {}
+local j = 0
+for i = 1, #ARGV - 2, 3 do
+  j = j + 1
+  local m = ARGV[i]
+  local id = member_id(m)
+  if id and scores[j] then
+    -- the result first (write before delete): a full Redis refuses it before anything
+    -- else changes, and the lease stays to be acked again
+    redis.call('SET', KEYS[RESULTS + j], ARGV[i + 2], 'PX', ARGV[i + 1])
+    live[#live + 1] = m
+    ids[#ids + 1] = id
+  else
+    stale[#stale + 1] = j
+  end
+end
+if #live > 0 then
+  redis.call('ZREM', reserved, unpack(live))
+  redis.call('HDEL', inflight, unpack(ids))
+  redis.call('HINCRBY', stats, 'succeeded', #live)
+  forget_marks(recovered, started, ids)
+  if redis.call('EXISTS', waiters) == 1 then
+    for _, id in ipairs(ids) do
+      redis.call('PUBLISH', done .. ':' .. id, 's')
+    end
+  end
+  local marked = {}
+  for _, id in ipairs(ids) do
+    if tracked(id) then marked[#marked + 1] = id end
+  end
+  if #marked > 0 then
+    local due = {}
+    settle_tracked(campaigns, jobmeta, dedup, dedup_exp, marked, 's', now_ms(), due)
+    if #due > 0 then
+      stale[#stale + 1] = 0
+      for _, cid in ipairs(due) do stale[#stale + 1] = cid end
+    end
+  end
+end
+return stale
