@@ -25,7 +25,7 @@ from .queue import DeadJob, DeadRetention, Queue, QueueStats
 from .task import Task, TaskCall, TaskConfig
 from .worker import JobFailed, Worker, WorkerSettings, run_worker
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "App",

@@ -12,7 +12,7 @@ BATCHQ_COMMANDS = (
     "+time", "+exists", "+lpush", "+rpush", "+lpop", "+llen", "+lpos",
     "+zadd", "+zrem", "+zrange", "+zrangebyscore", "+zscore", "+zmscore",
     "+zcount",  # trim_dead.lua: the worker applies the dead-letter retention
-    "+hset", "+hget", "+hdel", "+hexists", "+hincrby", "+hlen",
+    "+hset", "+hsetnx", "+hget", "+hdel", "+hexists", "+hincrby", "+hlen",
     # the lock scripts (app.lock, and the periodic scheduler's leader lock)
     "+get", "+pttl", "+pexpire", "+incr",
     # commands sent directly (worker, producer, Queue, CLI, metrics)

@@ -153,6 +153,12 @@ def test_locks_and_periodic_ticks_as_the_acl_user(acl_server: AclServer) -> None
         pass
 
     try:
+        # a campaign with dedup-keyed jobs, status and cancel: their scripts too
+        with app.campaign("acl-campaign") as c:
+            ids = tick.options(campaign=c).enqueue_many([(), ()], key_fn=lambda _: None)
+            keyed = tick.options(key="acl-key").enqueue()
+        assert c.stats().total == 2 and app.job_status(keyed) == "ready"
+        assert app.cancel(ids[0]) is True and app.job_status(ids[0]) == "cancelled"
         with app.lock("acl-lock", ttl_s=5) as lock:
             assert lock.fence is not None and lock.fence >= 1
             lock.extend()
