@@ -175,20 +175,11 @@ async def arun_pipeline(pipe: AsyncPipeline | AsyncClusterPipeline,
 
 
 class SyncScripts:
-    """The scripts bound to a synchronous client."""
+    """Every script bound to a synchronous client; run a call built by ``calls``."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
         self.by_name = {n: SyncScript(n, client) for n in NAMES}
-        self.enqueue = self.by_name["enqueue"]
-        self.schedule = self.by_name["schedule"]
-        self.pop = self.by_name["pop"]
-        self.ack = self.by_name["ack"]
-        self.nack = self.by_name["nack"]
-        self.release = self.by_name["release"]
-        self.extend = self.by_name["extend"]
-        self.redrive = self.by_name["redrive"]
-        self.start = self.by_name["start"]
 
     def call(self, c: Call,
              client: redis.Redis | SyncPipeline | SyncClusterPipeline | None = None) -> Any:
@@ -197,20 +188,11 @@ class SyncScripts:
 
 
 class AsyncScripts:
-    """The scripts bound to an asyncio client."""
+    """Every script bound to an asyncio client; run a call built by ``calls``."""
 
     def __init__(self, client: redis.asyncio.Redis) -> None:
         self.client = client
         self.by_name = {n: AsyncScript(n, client) for n in NAMES}
-        self.enqueue = self.by_name["enqueue"]
-        self.schedule = self.by_name["schedule"]
-        self.pop = self.by_name["pop"]
-        self.ack = self.by_name["ack"]
-        self.nack = self.by_name["nack"]
-        self.release = self.by_name["release"]
-        self.extend = self.by_name["extend"]
-        self.redrive = self.by_name["redrive"]
-        self.start = self.by_name["start"]
 
     async def call(self, c: Call, client: redis.asyncio.Redis | AsyncPipeline
                    | AsyncClusterPipeline | None = None) -> Any:

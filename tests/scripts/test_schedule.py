@@ -5,16 +5,14 @@ from __future__ import annotations
 import redis
 
 from batchq.keys import QueueKeys
-from batchq.scripts import SyncScripts
+from batchq.scripts import SyncScripts, calls
 
 from ._lua import enqueued, entry, ns_keys, server_ms, with_attempt
 
 
 def schedule(s: SyncScripts, k: QueueKeys, kind: str, when: int, entries: list[bytes],
              prio: int = 0, check: bool = False) -> int:
-    return int(s.schedule([k.delayed, k.wake, k.inflight, k.ready_for(prio), k.stats,
-                                k.pending],
-                          ["1" if check else "0", kind, when, *entries]))
+    return int(s.call(calls.schedule(k, prio, kind, when, entries, check=check)))
 
 
 def delayed(r: redis.Redis, k: QueueKeys) -> dict[bytes, float]:
