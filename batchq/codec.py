@@ -114,6 +114,8 @@ class Job:
 _ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 REF_LEN = 4
+MIN_ID_LEN = REF_LEN + 14
+"""The shortest job id: the queue ref, 13 random characters and at least one more."""
 """Characters of the queue reference at the start of an id (62**4, about 14.8 million
 values: two queues of one namespace rarely share one, and when they do the readers look
 in both)."""

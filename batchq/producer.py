@@ -20,28 +20,24 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 import redis
 import redis.asyncio
 
-from . import codec, tracked
+from . import tracked
 from .clients import Clients
-from .errors import CampaignClosed, EnqueueError, PayloadTooLarge
-from .keys import QueueKeys
+from .errors import CampaignClosed, EnqueueError
 from .options import (
     MAX_DELAY_S,
     Call,
     EnqueueOptions,
-    _check_queue,
-    _check_seconds,
     call,
     eta_seconds,
 )
-from .scripts import arun_pipeline, calls, run_pipeline
-from .seqs import SeqSource, areserve, entry_runs
+from .plan import Plan, plan
+from .scripts import arun_pipeline, run_pipeline
+from .seqs import SeqSource, areserve
 
 __all__ = ["MAX_DELAY_S", "Call", "EnqueueOptions", "KeyFn", "aenqueue", "aenqueue_many",
            "call", "enqueue", "enqueue_many", "eta_seconds", "plan"]
@@ -62,87 +58,6 @@ a write to a reset connection raises RuntimeError), or a Redis Cluster slot movi
 script did not run)."""
 
 
-class _PlanSource(Protocol):
-    """What ``plan`` needs: key names and the payload limit (``Clients``; an ``App``)."""
-
-    @property
-    def max_payload_bytes(self) -> int: ...
-
-    def keys(self, queue: str) -> QueueKeys: ...
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """Everything one enqueue call needs, resolved once."""
-
-    keys: QueueKeys
-    head: bytes
-    task: str
-    due: tuple[str, int] | None  # ("rel", ms) or ("abs", unix ms) or None for ready
-    max_payload: int
-    ref: str = ""  # the queue reference every id of this plan starts with
-    campaign: str | None = None
-    key_ttl_ms: int = 0
-    tracked: bool = False
-    """Written by enqueue_tracked.lua (a campaign or dedup keys): ids end in "_m", and
-    ``entries`` lists alternate entry, dedup key ("" for none)."""
-
-    @property
-    def target(self) -> str:
-        return self.keys.ready_for(int(self.head[:1]))
-
-    def entry(self, args: Any, kwargs: Mapping[str, Any], now_ms: int,
-              seq: Callable[[], int | None] | None = None) -> tuple[str, bytes]:
-        due_ms = None
-        if self.due is not None:
-            due_ms = now_ms + self.due[1] if self.due[0] == "rel" else self.due[1]
-        body = codec.encode_body(self.task, args, kwargs, now_ms, due_ms)
-        jid = codec.new_id(self.ref, seq() if seq else None)  # no number for a bad job
-        if self.tracked:
-            jid += tracked.TRACKED_SUFFIX  # the sequence part, then the mark
-        e = b"%s%s:%s" % (self.head, jid.encode(), body)
-        if len(e) > self.max_payload:
-            raise PayloadTooLarge(
-                f"cannot enqueue {self.task}: encoded job is {len(e)} bytes, above the "
-                f"limit of {self.max_payload} (App(max_payload_bytes=...))"
-            )
-        return jid, e
-
-    def script_args(self, entries: list[bytes], check: bool) -> tuple[list[str], list[Any]]:
-        p = int(self.head[:1])
-        if self.tracked:
-            mode, when = self.due or ("ready", 0)
-            c = calls.enqueue_tracked(self.keys, p, mode, when, self.campaign or "",
-                                      self.key_ttl_ms, tracked.TRIM_CHUNK, entries,
-                                      check=check)
-            return c.keys, c.args
-        runs = entry_runs(self.head, entries) if self.due is None else ""
-        c = (calls.enqueue(self.keys, p, entries, check=check, runs=runs) if self.due is None else
-             calls.schedule(self.keys, p, self.due[0], self.due[1], entries, check=check))
-        return c.keys, c.args
-
-
-def plan(src: _PlanSource, task: str, queue: str, priority: int, max_attempts: int,
-         delay_s: float | None, eta: datetime | float | None, *,
-         campaign: str | None = None, key_ttl_s: float | None = None,
-         keyed: bool = False) -> _Plan:
-    """Resolve one enqueue call's target and header; refuses (naming the option) any
-    value the scripts or the worker could not handle. ``campaign`` / ``keyed`` (dedup
-    keys given) make the jobs tracked."""
-    due: tuple[str, int] | None = None
-    if delay_s is not None and _check_seconds("delay_s", delay_s, MAX_DELAY_S) > 0:
-        due = ("rel", round(delay_s * 1000))
-    elif eta is not None:
-        # a naive datetime is local time, as datetime.timestamp() reads it
-        due = ("abs", round(eta_seconds(eta) * 1000))
-    ttl_s = tracked.DEFAULT_KEY_TTL_S if key_ttl_s is None else \
-        _check_seconds("key_ttl_s", key_ttl_s, MAX_DELAY_S)
-    return _Plan(src.keys(_check_queue("queue", queue)), codec.header(priority, max_attempts),
-                 task, due, src.max_payload_bytes, codec.queue_ref(queue),
-                 None if campaign is None else tracked.check_campaign_id(campaign),
-                 round(ttl_s * 1000), campaign is not None or keyed)
-
-
 def _split(item: Any) -> tuple[Any, Mapping[str, Any]]:
     if isinstance(item, tuple | list):
         return item, {}
@@ -156,7 +71,7 @@ def _split(item: Any) -> tuple[Any, Mapping[str, Any]]:
 KeyFn = Callable[[Any], "str | None"]
 
 
-def _chunks(p: _Plan, items: Iterable[Any], seqs: Callable[[], int | None] | None,
+def _chunks(p: Plan, items: Iterable[Any], seqs: Callable[[], int | None] | None,
             key_fn: KeyFn | None = None
             ) -> Iterator[tuple[list[str], list[bytes]]]:
     ids: list[str] = []
@@ -199,7 +114,7 @@ class _Stream:
     """The bookkeeping of one ``enqueue_many`` (no I/O): windows of chunks, and what
     Redis confirmed so far, for an exact ``EnqueueError``."""
 
-    def __init__(self, p: _Plan, seqs: Callable[[], int | None],
+    def __init__(self, p: Plan, seqs: Callable[[], int | None],
                  key_fn: KeyFn | None = None) -> None:
         self.p, self.seqs = p, (seqs if p.due is None else None)
         self.key_fn = key_fn
@@ -269,7 +184,7 @@ class _Stream:
 # --- the retry loop: one core, two shells ----------------------------------------------
 
 
-def _tries(p: _Plan, entries: list[bytes]) -> Iterator[tuple[float, list[str], list[Any]]]:
+def _tries(p: Plan, entries: list[bytes]) -> Iterator[tuple[float, list[str], list[Any]]]:
     """The tries of one write: (pause before it, keys, args). Every try after the first
     is in check mode, so a try whose reply was lost is not written twice."""
     for attempt, pause in enumerate((0.0, *RETRY_DELAYS_S)):
@@ -277,18 +192,18 @@ def _tries(p: _Plan, entries: list[bytes]) -> Iterator[tuple[float, list[str], l
         yield pause, keys, args
 
 
-def _refused(p: _Plan, exc: redis.ResponseError) -> EnqueueError:
+def _refused(p: Plan, exc: redis.ResponseError) -> EnqueueError:
     return EnqueueError(f"Redis refused to enqueue {p.task}: {exc}", written=0)
 
 
-def _unreachable(p: _Plan, last: BaseException | None, n: int) -> EnqueueError:
+def _unreachable(p: Plan, last: BaseException | None, n: int) -> EnqueueError:
     return EnqueueError(f"cannot reach Redis to enqueue {p.task}: {last}", unknown=n)
 
 
 # --- sync ------------------------------------------------------------------------------
 
 
-def _with_retry_sync(c: Clients, p: _Plan, entries: list[bytes]) -> Any:
+def _with_retry_sync(c: Clients, p: Plan, entries: list[bytes]) -> Any:
     last: BaseException | None = None
     name = "enqueue_tracked" if p.tracked else "schedule" if p.due else "enqueue"
     for pause, keys, args in _tries(p, entries):
@@ -304,7 +219,7 @@ def _with_retry_sync(c: Clients, p: _Plan, entries: list[bytes]) -> Any:
     raise _unreachable(p, last, len(entries)) from last
 
 
-def _write_tracked_sync(c: Clients, p: _Plan, ids: list[str], entries: list[bytes]
+def _write_tracked_sync(c: Clients, p: Plan, ids: list[str], entries: list[bytes]
                         ) -> list[str]:
     """One tracked write (joining the campaign to the queue first, once per process)."""
     for again in (False, True):
@@ -320,7 +235,7 @@ def _write_tracked_sync(c: Clients, p: _Plan, ids: list[str], entries: list[byte
     raise AssertionError("unreachable")
 
 
-def enqueue(c: Clients, p: _Plan, args: Any, kwargs: Mapping[str, Any],
+def enqueue(c: Clients, p: Plan, args: Any, kwargs: Mapping[str, Any],
             key: str | None = None) -> str:
     jid, e = p.entry(args, kwargs, int(time.time() * 1000),
                      SeqSource(c, p.keys) if p.due is None else None)
@@ -330,7 +245,7 @@ def enqueue(c: Clients, p: _Plan, args: Any, kwargs: Mapping[str, Any],
     return jid
 
 
-def enqueue_many(c: Clients, p: _Plan, items: Iterable[Any],
+def enqueue_many(c: Clients, p: Plan, items: Iterable[Any],
                  key_fn: KeyFn | None = None) -> list[str]:
     st = _Stream(p, SeqSource(c, p.keys, want=CHUNK), key_fn)
     for single, rest in st.steps(items):
@@ -363,7 +278,7 @@ def enqueue_many(c: Clients, p: _Plan, items: Iterable[Any],
 # --- asyncio ---------------------------------------------------------------------------
 
 
-async def _with_retry_async(c: Clients, p: _Plan, entries: list[bytes]) -> Any:
+async def _with_retry_async(c: Clients, p: Plan, entries: list[bytes]) -> Any:
     scripts = c.async_scripts()
     last: BaseException | None = None
     name = "enqueue_tracked" if p.tracked else "schedule" if p.due else "enqueue"
@@ -390,10 +305,10 @@ class Coalescer:
     """
 
     def __init__(self) -> None:
-        self._pending: dict[_Plan, tuple[list[bytes], list[asyncio.Future[None]]]] = {}
-        self._busy: set[_Plan] = set()
+        self._pending: dict[Plan, tuple[list[bytes], list[asyncio.Future[None]]]] = {}
+        self._busy: set[Plan] = set()
 
-    async def submit(self, c: Clients, p: _Plan, entry: bytes) -> None:
+    async def submit(self, c: Clients, p: Plan, entry: bytes) -> None:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         slot = self._pending.get(p)
         if slot is None:
@@ -406,7 +321,7 @@ class Coalescer:
             slot[1].append(fut)
         await fut
 
-    async def _drain(self, c: Clients, p: _Plan) -> None:
+    async def _drain(self, c: Clients, p: Plan) -> None:
         try:
             while p in self._pending:
                 entries, futs = self._pending.pop(p)
@@ -441,7 +356,7 @@ def _own_copy(exc: Exception, shared_by: int) -> Exception:
     return exc
 
 
-async def _write_tracked_async(c: Clients, p: _Plan, ids: list[str], entries: list[bytes]
+async def _write_tracked_async(c: Clients, p: Plan, ids: list[str], entries: list[bytes]
                                ) -> list[str]:
     """``_write_tracked_sync`` for asyncio code (tracked jobs skip the coalescer)."""
     for again in (False, True):
@@ -457,17 +372,18 @@ async def _write_tracked_async(c: Clients, p: _Plan, ids: list[str], entries: li
     raise AssertionError("unreachable")
 
 
-async def aenqueue(c: Clients, p: _Plan, args: Any, kwargs: Mapping[str, Any],
+async def aenqueue(c: Clients, p: Plan, args: Any, kwargs: Mapping[str, Any],
                    key: str | None = None) -> str:
+    body = p.body(args, kwargs, int(time.time() * 1000))  # a bad job reserves nothing
     runs = await areserve(c, p.keys, 1) if p.due is None else []
-    jid, e = p.entry(args, kwargs, int(time.time() * 1000), SeqSource(c, p.keys, runs))
+    jid, e = p.finish(body, SeqSource(c, p.keys, runs))
     if p.tracked:
         return (await _write_tracked_async(c, p, [jid], [e, (key or "").encode()]))[0]
     await coalescer(c).submit(c, p, e)
     return jid
 
 
-async def aenqueue_many(c: Clients, p: _Plan, items: Iterable[Any],
+async def aenqueue_many(c: Clients, p: Plan, items: Iterable[Any],
                         key_fn: KeyFn | None = None) -> list[str]:
     items = list(items)  # its length: the sequence numbers are reserved up front
     st = _Stream(p, SeqSource(c, p.keys, await areserve(c, p.keys, len(items))), key_fn)

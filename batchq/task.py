@@ -18,6 +18,7 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 from . import codec, producer, tracked
 from .clients import Clients
 from .keys import MAX_PRIORITY
+from .plan import Plan
 from .producer import EnqueueOptions, KeyFn
 
 P = ParamSpec("P")
@@ -114,7 +115,7 @@ class _Enqueuer:
     _task: Task[..., Any]
     _opts: EnqueueOptions
 
-    def _plan(self, keyed: bool = False) -> producer._Plan:
+    def _plan(self, keyed: bool = False) -> Plan:
         t, o = self._task, self._opts
         c = t.config
         return producer.plan(
@@ -130,7 +131,7 @@ class _Enqueuer:
             keyed=keyed or o.key is not None,
         )
 
-    def _many(self, key_fn: KeyFn | None) -> producer._Plan:
+    def _many(self, key_fn: KeyFn | None) -> Plan:
         if self._opts.key is not None:
             raise ValueError(f"options(key={self._opts.key!r}) names one job: give "
                              "enqueue_many a key_fn (one key per item) instead")

@@ -134,7 +134,11 @@ def test_a_10_mb_payload_is_refused_at_enqueue_and_nothing_is_written(fleet: Fle
         work.options(delay_s=5).enqueue("big-later", 0.0, "", big)
     with pytest.raises(batchq.PayloadTooLarge):
         work.enqueue_many([("small",), ("big", 0.0, "", big), ("after",)])
-    assert list(fleet.r.scan_iter(match=f"{fleet.ns}:*")) == [], "something was written"
+    # no job, no state: only the queue's job-number counter may exist, reserved by
+    # enqueue_many for the small item before the big one stopped the chunk (a number
+    # is not a job; see README "Results, status, cancel")
+    left = list(fleet.r.scan_iter(match=f"{fleet.ns}:*"))
+    assert left in ([], [fleet.app.keys("default").seq.encode()]), left
     print(f"\n{err.value}")
 
 
