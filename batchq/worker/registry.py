@@ -25,6 +25,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -62,6 +63,11 @@ class Registry:
         self._shown: tuple[int, ...] | None = None
         self._last_beat = float("-inf")
         self._trim_at = float("-inf")  # monotonic: at start, then every TRIM_EVERY_S
+        # a worker forked by a supervisor stops when the supervisor is gone (SIGKILLed,
+        # OOM-killed): nobody would reap, replace or stop it any more (gunicorn does the
+        # same check); its jobs are given back by the normal stop order
+        self._parent_pid = os.getppid() if state.settings.heartbeat_path else None
+        self.on_orphaned: Callable[[], None] | None = None
 
     def _view(self) -> tuple[int, ...]:
         c = self.st.counters
@@ -78,6 +84,10 @@ class Registry:
             if path:
                 with contextlib.suppress(OSError):
                     os.utime(path)
+            if self._parent_pid is not None and os.getppid() != self._parent_pid \
+                    and not st.stopping and self.on_orphaned is not None:
+                log.warning("the supervisor (pid %d) is gone: stopping", self._parent_pid)
+                self.on_orphaned()
             with contextlib.suppress(*REDIS_ERRORS):
                 await self.publish()
             if not st.stopping and time.monotonic() >= self._trim_at:

@@ -65,6 +65,7 @@ class Worker:
         self.fetcher = Fetcher(st, self.outcomes)
         self.runners = Runners(st, self.outcomes, self.leases)
         self.registry = Registry(st)
+        self.registry.on_orphaned = self.request_stop
         self.followup = FollowUp(st)
 
     @property

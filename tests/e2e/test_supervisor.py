@@ -236,6 +236,18 @@ def test_sighup_into_code_that_fails_to_import_keeps_the_running_children(
 # --- 4. a handler that blocks the event loop -----------------------------------------
 
 
+def test_children_of_a_sigkilled_supervisor_stop_and_give_their_jobs_back(h: Harness) -> None:
+    """A supervisor SIGKILLed (or OOM-killed) leaves nobody to reap, replace or stop its
+    children: each notices on its next heartbeat that its parent is gone and stops
+    gracefully, giving back what it had fetched, instead of running on as an orphan."""
+    sup = h.start("-p", "2")
+    kids = h.wait_children(sup, 2)
+    sup.send_signal(signal.SIGKILL)
+    sup.wait(10)
+    h.until(lambda: not any(alive(pid) for pid in kids), 15, "orphaned children stopped")
+    assert "the supervisor (pid %d) is gone" % sup.pid in h.logs(), h.logs()
+
+
 def test_a_child_with_a_blocked_loop_is_killed_and_its_job_retried(h: Harness) -> None:
     hog = h.app.tasks["hog"]
     sup = h.start("-p", "3", "-c", "2", "--fetch-batch", "2", "--heartbeat-timeout", "2",
