@@ -245,7 +245,7 @@ def test_children_of_a_sigkilled_supervisor_stop_and_give_their_jobs_back(h: Har
     sup.send_signal(signal.SIGKILL)
     sup.wait(10)
     h.until(lambda: not any(alive(pid) for pid in kids), 15, "orphaned children stopped")
-    assert "the supervisor (pid %d) is gone" % sup.pid in h.logs(), h.logs()
+    assert f"the supervisor (pid {sup.pid}) is gone" in h.logs(), h.logs()
 
 
 def test_a_child_with_a_blocked_loop_is_killed_and_its_job_retried(h: Harness) -> None:
