@@ -72,6 +72,15 @@ class Outcomes:
         b.ack_tasks.append(job.task)
         self.st.counters.succeeded += 1
 
+    def succeeded(self, job: Job, task: Task[..., Any], value: Any) -> None:
+        """A handler returned ``value``: ack, keeping the value when the task keeps
+        results."""
+        ttl_ms = task.result_ttl_ms
+        if ttl_ms is None:
+            self.ack(job)
+        else:
+            self.ack_result(job, task, value, ttl_ms)
+
     def ack_result(self, job: Job, task: Task[..., Any], value: Any, ttl_ms: int) -> None:
         """A success whose return value is kept (``result_ttl_s``). A value msgpack cannot
         encode, or one above ``max_payload_bytes``, fails the attempt instead."""

@@ -235,11 +235,7 @@ class Runners:
             except BaseException as exc:
                 self._handler_raised(job, task, exc)
             else:
-                ttl_ms = task.result_ttl_ms
-                if ttl_ms is None:
-                    self.out.ack(job)
-                else:
-                    self.out.ack_result(job, task, value, ttl_ms)
+                self.out.succeeded(job, task, value)
         if m is not None:
             m.run.observe((job.queue, job.task), time.perf_counter() - t0)
 
@@ -282,11 +278,7 @@ class Runners:
         except BaseException as exc:
             self._handler_raised(job, task, exc)
         else:
-            ttl_ms = task.result_ttl_ms
-            if ttl_ms is None:
-                self.out.ack(job)
-            else:
-                self.out.ack_result(job, task, value, ttl_ms)
+            self.out.succeeded(job, task, value)
 
     async def _run_batch(self, jobs: list[Job]) -> None:
         m = self.st.m
