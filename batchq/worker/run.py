@@ -116,14 +116,7 @@ class Runners:
                 if jobs[0].recovered or (len(jobs) > 1 and any(j.recovered for j in jobs)):
                     await self._run_alone(item, jobs)
                 else:
-                    st.busy += 1
-                    st.quiet.clear()
-                    try:
-                        await self._run_item(item)
-                    finally:
-                        st.busy -= 1
-                        if not st.busy:
-                            st.quiet.set()
+                    await self._run_item(item)
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:
@@ -135,10 +128,20 @@ class Runners:
                 last_yield = loop.time()
 
     async def _run_item(self, item: Job | list[Job]) -> None:
-        if type(item) is list:
-            await self._run_batch(item)
-        else:
-            await self._run_one(item)  # type: ignore[arg-type]
+        """Run a job or a batch, counted as busy: a job to run alone waits on ``quiet``
+        (no handler running in this process)."""
+        st = self.st
+        st.busy += 1
+        st.quiet.clear()
+        try:
+            if type(item) is list:
+                await self._run_batch(item)
+            else:
+                await self._run_one(item)  # type: ignore[arg-type]
+        finally:
+            st.busy -= 1
+            if not st.busy:
+                st.quiet.set()
 
     async def _run_alone(self, item: Job | list[Job], jobs: list[Job]) -> None:
         """A recovered job: wait until no other handler runs, record its start, run it,
@@ -157,14 +160,7 @@ class Runners:
                 return
             log.info("running recovered job %s alone (an earlier worker died holding it)",
                      ", ".join(j.id for j in jobs))
-            st.busy += 1
-            st.quiet.clear()
-            try:
-                await self._run_item(item)
-            finally:
-                st.busy -= 1
-                if not st.busy:
-                    st.quiet.set()
+            await self._run_item(item)
             # its outcome (and the started mark it clears) is written before any other
             # handler starts: a crash of a later job must not be charged to this one
             await self.out.flush_with_retry()
