@@ -15,8 +15,11 @@ from .errors import (
     LockLost,
     LockNotAcquired,
     PayloadTooLarge,
+    QuotaExceeded,
+    RateLimited,
     Retry,
 )
+from .limits import GroupState, Limit
 from .load import CurrentJob, current_job
 from .lock import Lock
 from .periodic import Schedule, periodic_status, run_scheduler
@@ -39,16 +42,20 @@ __all__ = [
     "DeadJob",
     "DeadRetention",
     "EnqueueError",
+    "GroupState",
     "Job",
     "JobCancelled",
     "JobDead",
     "JobFailed",
+    "Limit",
     "Lock",
     "LockLost",
     "LockNotAcquired",
     "PayloadTooLarge",
     "Queue",
     "QueueStats",
+    "QuotaExceeded",
+    "RateLimited",
     "Retry",
     "Schedule",
     "Task",

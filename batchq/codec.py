@@ -172,9 +172,11 @@ def seq_of(job_id: str) -> int | None:
     """The sequence number in an id made by ``new_id(ref, seq)``, else None."""
     if len(job_id) > REF_LEN + 14 and job_id[REF_LEN + 13] == "-":
         # a tracked job (campaign or dedup key) carries its mark after the number
+        # (and a grouped one its group, "~<hex>", before that)
         end = -len(TRACKED_MARK) if job_id.endswith(TRACKED_MARK) else None
+        tail = job_id[REF_LEN + 14:end]
         try:
-            return int(job_id[REF_LEN + 14:end], 16)
+            return int(tail.split("~", 1)[0], 16)
         except ValueError:
             return None
     return None

@@ -44,6 +44,36 @@ class Retry(Exception):
         self.delay_s = delay_s
 
 
+class RateLimited(Exception):
+    """Raise from a handler when the provider says "too many" (an HTTP 429 with
+    ``Retry-After``): the job goes back to the head of its group with its attempt
+    refunded, and its group (or, for a job without a group, the whole queue) starts no
+    job for ``retry_after_s`` seconds. Every worker honours the hold: it lives in Redis.
+    """
+
+    def __init__(self, retry_after_s: float = 1.0, message: str = "") -> None:
+        if isinstance(retry_after_s, bool) or not isinstance(retry_after_s, int | float) \
+                or not 0 <= retry_after_s <= 86400 or retry_after_s != retry_after_s:
+            raise ValueError(f"RateLimited(retry_after_s=...) takes 0..86400 seconds, got "
+                             f"{retry_after_s!r}")
+        super().__init__(message or f"rate limited: hold for {retry_after_s}s")
+        self.retry_after_s = float(retry_after_s)
+
+
+class QuotaExceeded(BatchqError):
+    """An enqueue would take a group past its ``max_pending`` (``Queue.limit``); nothing
+    of that call (for ``enqueue_many``: of that chunk and after it) was written.
+    ``written`` / ``ids``: the jobs of an ``enqueue_many`` written before it."""
+
+    def __init__(self, queue: str, group: str, message: str, *, written: int = 0,
+                 ids: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.queue = queue
+        self.group = group
+        self.written = written
+        self.ids = ids or []
+
+
 class JobDead(BatchqError):
     """``app.result`` of a job that was dead-lettered. ``job_id``; ``record``: the dead
     record (``reason``, ``error_type``, ``error_message``, ``traceback``, ``raw``)."""

@@ -53,6 +53,24 @@ Layout of one queue ``Q`` in namespace ``NS`` (``T`` = ``NS:{NS:Q}``)::
     T:dedup                  hash  dedup key -> id of the job that holds it
     T:dedup:exp              zset  dedup key -> when it lapses (ms): set when its job is
                                    settled; a pending key has no entry and never lapses
+    T:gready                 zset  ready jobs of groups (flow control), all scored 0 and
+                                   read by lex range: "<g>~<9-prio><13 hex pos><entry>",
+                                   g the hex of the group name (``limits.group_hex``)
+    T:groups                 zset  g -> virtual time: groups with ready jobs that may run
+                                   now; pop.lua serves the lowest first (round-robin,
+                                   weighted by the group's weight)
+    T:gwait                  zset  g -> when to look again (ms): groups with ready jobs
+                                   that wait for a rate token or a hold to end, or (score
+                                   ``BLOCKED``) for a concurrency slot; "~q": the hold of
+                                   the whole queue (``RateLimited`` without a group)
+    T:gstate                 hash  flow-control counters: "<g>:n" jobs of the group not
+                                   finished (the quota), "<g>:run" leased now, "<g>:t" /
+                                   "<g>:ts" its token bucket, "~q:t" / "~q:ts" the queue's,
+                                   "pos" the position counter of gready, "vt" the last
+                                   virtual time served
+    T:limits                 hash  "~q" (the queue), "*" (every group without its own) or
+                                   g -> "rate,burst,concurrency,max_pending,weight" (empty
+                                   fields: none); written by ``Queue.limit``
 
 A campaign's own record lives in its own slot (``campaign_keys``), so a campaign may span
 queues on several Cluster nodes; see ``batchq/campaign.py``.
@@ -109,6 +127,13 @@ class QueueKeys:
     jobmeta: str = field(init=False)
     dedup: str = field(init=False)
     dedup_exp: str = field(init=False)
+    gready: str = field(init=False)
+    groups: str = field(init=False)
+    gwait: str = field(init=False)
+    gstate: str = field(init=False)
+    limits: str = field(init=False)
+    """Flow control (``batchq/limits.py``): the limits live here, so ``Queue.clear``
+    (which deletes ``all()``) keeps them, like the periodic schedules."""
     periodic: str = field(init=False)
     pending: str = field(init=False)
     cancel: str = field(init=False)
@@ -145,7 +170,8 @@ class QueueKeys:
         for name in ("delayed", "reserved", "inflight", "dead", "wake", "paused", "stats",
                      "recovered", "started", "periodic", "pending", "cancel", "cancelled",
                      "done", "seq", "waiting0", "waiting1", "waiting2", "waiting3",
-                     "waiters", "campaigns", "jobmeta", "dedup"):
+                     "waiters", "campaigns", "jobmeta", "dedup", "gready", "groups",
+                     "gwait", "gstate", "limits"):
             object.__setattr__(self, name, f"{p}:{name}")
         object.__setattr__(self, "dead_jobs", f"{p}:dead:jobs")
         object.__setattr__(self, "dedup_exp", f"{p}:dedup:exp")
@@ -179,6 +205,10 @@ class QueueKeys:
             self.jobmeta,
             self.dedup,
             self.dedup_exp,
+            self.gready,
+            self.groups,
+            self.gwait,
+            self.gstate,
         )
 
     def result(self, job_id: str) -> str:

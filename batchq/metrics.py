@@ -100,6 +100,7 @@ class Recorder:
         self.succeeded: dict[tuple[str, str], int] = {}
         self.failed: dict[tuple[str, str, str], int] = {}
         self.retried: dict[tuple[str, str], int] = {}
+        self.held: dict[tuple[str, str], int] = {}
         self.dead: dict[tuple[str, str, str], int] = {}
         self.redelivered: dict[str, int] = {}
         self.stale: dict[str, int] = {}
@@ -115,6 +116,9 @@ class Recorder:
                                  ["queue", "task", "reason"])
         self._c_retried = Counter("batchq_jobs_retried", "Failed attempts scheduled for a "
                                   "retry", ["queue", "task"])
+        self._c_held = Counter("batchq_jobs_rate_limited", "Jobs given back because their "
+                               "handler raised RateLimited (their group or queue held)",
+                               ["queue", "task"])
         self._c_dead = Counter("batchq_jobs_dead", "Jobs moved to the dead-letter store",
                                ["queue", "task", "reason"])
         self._c_redelivered = Counter("batchq_jobs_redelivered", "Expired leases handed "
@@ -138,7 +142,7 @@ class Recorder:
         """Create every (queue, task) series at 0, so that ``increase()`` and ``rate()``
         see the first job too (a series born at 1 hides its first increment)."""
         for q, t in pairs:
-            for c in (self._c_started, self._c_succeeded, self._c_retried):
+            for c in (self._c_started, self._c_succeeded, self._c_retried, self._c_held):
                 c.labels(q, t)
             for reason in ("failed", "timeout"):
                 self._c_failed.labels(q, t, reason)
@@ -157,6 +161,7 @@ class Recorder:
         for src, metric in ((self.started, self._c_started),
                             (self.succeeded, self._c_succeeded),
                             (self.failed, self._c_failed), (self.retried, self._c_retried),
+                            (self.held, self._c_held),
                             (self.dead, self._c_dead)):
             items = list(src.items())
             src.clear()

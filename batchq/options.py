@@ -13,6 +13,7 @@ from typing import Any
 
 from . import codec, tracked
 from .keys import MAX_PRIORITY, QueueKeys
+from .limits import check_group
 
 MAX_DELAY_S = 100 * 365 * 86400
 """The longest ``delay_s`` accepted (about 100 years): due times stay exact integers in
@@ -87,6 +88,7 @@ class EnqueueOptions:
     campaign: str | None = None
     key: str | None = None
     key_ttl_s: float | None = None
+    group: str | None = None
 
     def __post_init__(self) -> None:
         # every check names the option: a wrong value must never reach the worker
@@ -108,6 +110,8 @@ class EnqueueOptions:
             tracked.check_key(self.key)
         if self.key_ttl_s is not None:
             _check_seconds("key_ttl_s", self.key_ttl_s, MAX_DELAY_S)
+        if self.group is not None:
+            check_group(self.group)
 
     def merged(self, other: EnqueueOptions) -> EnqueueOptions:
         """These options with the fields ``other`` sets taking precedence."""
@@ -123,4 +127,5 @@ class EnqueueOptions:
             campaign=other.campaign if other.campaign is not None else self.campaign,
             key=other.key if other.key is not None else self.key,
             key_ttl_s=other.key_ttl_s if other.key_ttl_s is not None else self.key_ttl_s,
+            group=other.group if other.group is not None else self.group,
         )

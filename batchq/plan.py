@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from . import codec, tracked
 from .errors import PayloadTooLarge
 from .keys import QueueKeys
+from .limits import check_group, group_hex
 from .options import MAX_DELAY_S, _check_queue, _check_seconds, eta_seconds
 from .scripts import calls
 from .seqs import entry_runs
@@ -42,6 +43,9 @@ class Plan:
     ref: str = ""  # the queue reference every id of this plan starts with
     campaign: str | None = None
     key_ttl_ms: int = 0
+    group: str = ""
+    """The hex of the jobs' group (``limits.group_hex``), "" for none: ids end in
+    ``~<group>`` (before a tracked job's mark), written by enqueue_group.lua."""
     tracked: bool = False
     """Written by enqueue_tracked.lua (a campaign or dedup keys): ids end in "_m", and
     ``entries`` lists alternate entry, dedup key ("" for none)."""
@@ -68,6 +72,8 @@ class Plan:
                ) -> tuple[str, bytes]:
         """The id and the entry of a job whose body is ``body``."""
         jid = codec.new_id(self.ref, seq() if seq else None)  # no number for a bad job
+        if self.group:
+            jid += "~" + self.group
         if self.tracked:
             jid += tracked.TRACKED_SUFFIX  # the sequence part, then the mark
         e = b"%s%s:%s" % (self.head, jid.encode(), body)
@@ -81,6 +87,15 @@ class Plan:
                 f"limit of {self.max_payload} (App(max_payload_bytes=...))"
             )
 
+    @property
+    def script(self) -> str:
+        """The script that writes this plan's jobs."""
+        if self.tracked:
+            return "enqueue_tracked"
+        if self.group:
+            return "enqueue_group"
+        return "schedule" if self.due else "enqueue"
+
     def script_args(self, entries: list[bytes], check: bool) -> tuple[list[str], list[Any]]:
         p = int(self.head[:1])
         if self.tracked:
@@ -90,6 +105,11 @@ class Plan:
                                       check=check)
             return c.keys, c.args
         runs = entry_runs(self.head, entries) if self.due is None else ""
+        if self.group:
+            mode, when = self.due or ("ready", 0)
+            c = calls.enqueue_group(self.keys, self.group, p, mode, when, entries,
+                                    check=check, runs=runs)
+            return c.keys, c.args
         c = (calls.enqueue(self.keys, p, entries, check=check, runs=runs) if self.due is None else
              calls.schedule(self.keys, p, self.due[0], self.due[1], entries, check=check))
         return c.keys, c.args
@@ -98,10 +118,13 @@ class Plan:
 def plan(src: PlanSource, task: str, queue: str, priority: int, max_attempts: int,
          delay_s: float | None, eta: datetime | float | None, *,
          campaign: str | None = None, key_ttl_s: float | None = None,
-         keyed: bool = False) -> Plan:
+         keyed: bool = False, group: str | None = None) -> Plan:
     """Resolve one enqueue call's target and header; refuses (naming the option) any
     value the scripts or the worker could not handle. ``campaign`` / ``keyed`` (dedup
-    keys given) make the jobs tracked."""
+    keys given) make the jobs tracked; ``group``: the jobs' group (flow control)."""
+    if group is not None and (campaign is not None or keyed):
+        raise ValueError("group cannot be combined with campaign or key yet: give the "
+                         "group's jobs their own queue, or leave out the group")
     due: tuple[str, int] | None = None
     if delay_s is not None and _check_seconds("delay_s", delay_s, MAX_DELAY_S) > 0:
         due = ("rel", round(delay_s * 1000))
@@ -113,4 +136,5 @@ def plan(src: PlanSource, task: str, queue: str, priority: int, max_attempts: in
     return Plan(src.keys(_check_queue("queue", queue)), codec.header(priority, max_attempts),
                  task, due, src.max_payload_bytes, codec.queue_ref(queue),
                  None if campaign is None else tracked.check_campaign_id(campaign),
-                 round(ttl_s * 1000), campaign is not None or keyed)
+                 round(ttl_s * 1000), "" if group is None else group_hex(check_group(group)),
+                 campaign is not None or keyed)

@@ -25,9 +25,9 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from . import tracked
+from . import limits, tracked
 from .clients import Clients
-from .errors import CampaignClosed, EnqueueError
+from .errors import CampaignClosed, EnqueueError, QuotaExceeded
 from .options import (
     MAX_DELAY_S,
     Call,
@@ -164,6 +164,7 @@ class _Stream:
     def record(self, window: Window, results: list[Any]) -> None:
         """Count what a pipelined window wrote; an error result raises ``EnqueueError``."""
         first_error: BaseException | None = None
+        quota = False
         for (ids, _), res in zip(window, results, strict=True):
             if isinstance(res, BaseException):
                 first_error = first_error or res
@@ -172,8 +173,12 @@ class _Stream:
                     self.written.extend(tracked.ids_of(self.p.campaign, ids, res))
                 except (CampaignClosed, tracked.NotJoined) as exc:
                     first_error = first_error or exc
+            elif self.p.group and res == -2:
+                quota = True  # this chunk was not written (a smaller later one may be)
             else:
                 self.written.extend(ids)
+        if first_error is None and quota:
+            _quota_checked(self.p, -2, self.written)
         if first_error is not None:
             raise EnqueueError(
                 f"enqueue_many of {self.p.task} failed after writing {len(self.written)} "
@@ -192,6 +197,20 @@ def _tries(p: Plan, entries: list[bytes]) -> Iterator[tuple[float, list[str], li
         yield pause, keys, args
 
 
+def _quota_checked(p: Plan, res: Any, written: list[str] | None = None) -> Any:
+    """``res`` of a write; ``QuotaExceeded`` when enqueue_group.lua refused it (-2)."""
+    if p.group and res == -2:
+        group = limits.group_name(p.group)
+        done = written or []
+        raise QuotaExceeded(
+            p.keys.queue, group,
+            f"cannot enqueue {p.task}: group {group!r} of queue {p.keys.queue!r} would go "
+            f"past its max_pending (Queue.limit); nothing of this write was stored"
+            + (f" ({len(done)} jobs of this enqueue_many were, before it)" if done else ""),
+            written=len(done), ids=done)
+    return res
+
+
 def _refused(p: Plan, exc: redis.ResponseError) -> EnqueueError:
     return EnqueueError(f"Redis refused to enqueue {p.task}: {exc}", written=0)
 
@@ -205,13 +224,12 @@ def _unreachable(p: Plan, last: BaseException | None, n: int) -> EnqueueError:
 
 def _with_retry_sync(c: Clients, p: Plan, entries: list[bytes]) -> Any:
     last: BaseException | None = None
-    name = "enqueue_tracked" if p.tracked else "schedule" if p.due else "enqueue"
     for pause, keys, args in _tries(p, entries):
         if pause:
             time.sleep(pause)
         try:
             c.register_queue(p.keys.queue)  # once per process; retried like the write
-            return c.sync_scripts.by_name[name](keys, args)
+            return _quota_checked(p, c.sync_scripts.by_name[p.script](keys, args))
         except _RETRY_WRITE_ERRORS as exc:
             last = exc
         except redis.ResponseError as exc:  # e.g. OOM: the script did not run
@@ -256,13 +274,15 @@ def enqueue_many(c: Clients, p: Plan, items: Iterable[Any],
                     single = None
                 else:
                     _with_retry_sync(c, p, single[1])
+            except QuotaExceeded:
+                _quota_checked(p, -2, st.written)
             except EnqueueError as exc:
                 raise st.failed(exc) from exc.__cause__
             if single is not None:
                 st.written.extend(single[0])
         if rest:
             script = c.sync_scripts.by_name[
-                "enqueue_tracked" if p.tracked else "schedule" if p.due else "enqueue"]
+                p.script]
             pipe = c.redis.pipeline(transaction=False)
             for _, entries in rest:
                 keys, args = p.script_args(entries, check=False)
@@ -281,13 +301,12 @@ def enqueue_many(c: Clients, p: Plan, items: Iterable[Any],
 async def _with_retry_async(c: Clients, p: Plan, entries: list[bytes]) -> Any:
     scripts = c.async_scripts()
     last: BaseException | None = None
-    name = "enqueue_tracked" if p.tracked else "schedule" if p.due else "enqueue"
     for pause, keys, args in _tries(p, entries):
         if pause:
             await asyncio.sleep(pause)
         try:
             await c.aregister_queue(p.keys.queue)  # once per process; retried like the write
-            return await scripts.by_name[name](keys, args)
+            return _quota_checked(p, await scripts.by_name[p.script](keys, args))
         except _RETRY_WRITE_ERRORS as exc:
             last = exc
         except redis.ResponseError as exc:  # e.g. OOM: the script did not run
@@ -395,6 +414,8 @@ async def aenqueue_many(c: Clients, p: Plan, items: Iterable[Any],
                     single = None
                 else:
                     await _with_retry_async(c, p, single[1])
+            except QuotaExceeded:
+                _quota_checked(p, -2, st.written)
             except EnqueueError as exc:
                 raise st.failed(exc) from exc.__cause__
             if single is not None:
@@ -402,7 +423,7 @@ async def aenqueue_many(c: Clients, p: Plan, items: Iterable[Any],
         if rest:
             scripts = c.async_scripts()
             script = scripts.by_name[
-                "enqueue_tracked" if p.tracked else "schedule" if p.due else "enqueue"]
+                p.script]
             pipe = c.async_redis().pipeline(transaction=False)
             for _, entries in rest:
                 keys, args = p.script_args(entries, check=False)

@@ -17,9 +17,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from . import codec, stats
+from . import codec, limits, stats
 from .clients import Clients
 from .keys import QueueKeys
+from .limits import GroupState, Limit
 from .scripts import calls
 from .stats import QueueStats
 
@@ -279,8 +280,39 @@ class Queue:
         return bool(self.clients.redis.exists(self.keys.paused))
 
     def clear(self) -> None:
-        """Delete every job of the queue in every state, and its dead letters."""
+        """Delete every job of the queue in every state, and its dead letters (its
+        limits stay: see ``remove_limit``)."""
         self.clients.redis.delete(*self.keys.all())
+
+    # --- flow control (batchq/limits.py) -------------------------------------------------
+
+    def limit(self, group: str | None = None, *, rate_per_s: float | None = None,
+              burst: int | None = None, concurrency: int | None = None,
+              max_pending: int | None = None, weight: float | None = None) -> Limit:
+        """Set the limit of the whole queue (``group`` None), of one group, or of every
+        group without its own (``group="*"``); replaces the one there was. Kept in Redis:
+        every worker applies it on its next fetch. See ``Limit`` for each field."""
+        return limits.set_limit(self.clients.redis, self.keys,
+                                Limit(group, rate_per_s, burst, concurrency, max_pending,
+                                      weight))
+
+    def limits(self) -> list[Limit]:
+        """The queue's limits: the queue's own first, then ``"*"``, then groups."""
+        return limits.limits(self.clients.redis, self.keys)
+
+    def remove_limit(self, group: str | None = None) -> bool:
+        """Drop the limit of the queue (``group`` None) or of a group; True if there
+        was one."""
+        return limits.remove_limit(self.clients.redis, self.keys, group)
+
+    def groups(self, limit: int = 100) -> list[GroupState]:
+        """Groups with ready jobs and their flow state (bounded by ``limit``)."""
+        return limits.groups(self.clients.redis, self.keys, limit)
+
+    def hold(self, seconds: float, group: str | None = None) -> None:
+        """Start no job of ``group`` (or of the queue) for ``seconds``, as a handler's
+        ``RateLimited`` does; a longer hold already set is kept."""
+        limits.hold(self.clients.redis, self.keys, seconds, group)
 
 
 def _text(value: Any) -> str:

@@ -31,7 +31,12 @@ class QueueStats:
 
     ``malformed_heads``: the priorities (9..0) whose ready list starts with an entry that
     is not a runnable job (written by hand, or corrupted); a worker dead-letters it as
-    ``decode_error`` when it reaches it. Empty when every head is fine."""
+    ``decode_error`` when it reaches it. Empty when every head is fine.
+
+    Flow control (``Queue.limit``): ``ready`` includes ``grouped``, the ready jobs of
+    groups; ``groups_active`` groups may start jobs now, ``groups_waiting`` wait for a
+    rate token, a concurrency slot or the end of a hold; ``held_s``: seconds left of a
+    hold of the whole queue (``RateLimited`` raised by a job without a group)."""
 
     ready: int
     delayed: int
@@ -41,6 +46,10 @@ class QueueStats:
     oldest_age_s: float = 0.0
     ready_by_priority: dict[int, int] = field(default_factory=dict)
     malformed_heads: tuple[int, ...] = ()
+    grouped: int = 0
+    groups_active: int = 0
+    groups_waiting: int = 0
+    held_s: float = 0.0
 
     @property
     def pending(self) -> int:
@@ -60,7 +69,7 @@ class Snapshot:
     """The scripts' own counters (``OUTCOMES``)."""
 
 
-_PER_QUEUE = 2 * (MAX_PRIORITY + 1) + 6
+_PER_QUEUE = 2 * (MAX_PRIORITY + 1) + 10
 
 
 def _queue_commands(pipe: Any, k: QueueKeys) -> None:
@@ -75,6 +84,10 @@ def _queue_commands(pipe: Any, k: QueueKeys) -> None:
     pipe.exists(k.paused)
     pipe.zrange(k.delayed, 0, 0, withscores=True)
     pipe.hmget(k.stats, list(OUTCOMES))
+    pipe.zcard(k.gready)
+    pipe.zcard(k.groups)
+    pipe.zcard(k.gwait)
+    pipe.zscore(k.gwait, "~q")
 
 
 def _int(value: Any) -> int:
@@ -112,6 +125,12 @@ def _parse(name: str, res: Sequence[Any], now_ms: int) -> Snapshot:
     heads = res[n : 2 * n]
     delayed, reserved, dead, paused = (_int(x) for x in res[2 * n : 2 * n + 4])
     first_due, counts = res[2 * n + 4], res[2 * n + 5]
+    grouped, active, waiting = (_int(x) for x in res[2 * n + 6 : 2 * n + 9])
+    held = res[2 * n + 9]
+    held_s = 0.0
+    if isinstance(held, int | float) and not isinstance(held, bool):
+        held_s = max(0.0, (float(held) - now_ms) / 1000)
+        waiting -= 1  # the queue's own hold is not a group
     oldest_ms = 0
     malformed: list[int] = []
     for i, head in enumerate(heads):
@@ -131,7 +150,7 @@ def _parse(name: str, res: Sequence[Any], now_ms: int) -> Snapshot:
     if not isinstance(counts, list):
         counts = [None] * len(OUTCOMES)
     stats = QueueStats(
-        ready=sum(lens),
+        ready=sum(lens) + grouped,
         delayed=delayed,
         reserved=reserved,
         dead=dead,
@@ -139,6 +158,10 @@ def _parse(name: str, res: Sequence[Any], now_ms: int) -> Snapshot:
         oldest_age_s=oldest_ms / 1000,
         ready_by_priority={MAX_PRIORITY - i: c for i, c in enumerate(lens) if c},
         malformed_heads=tuple(malformed),
+        grouped=grouped,
+        groups_active=active,
+        groups_waiting=max(0, waiting),
+        held_s=held_s,
     )
     return Snapshot(name, stats, lag_s, {o: _int(c) for o, c in zip(OUTCOMES, counts,
                                                                      strict=True)})

@@ -129,6 +129,7 @@ class _Enqueuer:
             campaign=o.campaign,
             key_ttl_s=c.key_ttl_s if o.key_ttl_s is None else o.key_ttl_s,
             keyed=keyed or o.key is not None,
+            group=o.group,
         )
 
     def _many(self, key_fn: KeyFn | None) -> Plan:
@@ -179,14 +180,17 @@ class _Enqueuer:
         campaign: HasId | str | None = None,
         key: str | None = None,
         key_ttl_s: float | None = None,
+        group: str | None = None,
     ) -> TaskCall:
         """A view of the task that enqueues with other options (``eta``: datetime or
         Unix seconds; naive datetimes are local time). ``campaign``: the jobs join it (a
         ``Campaign`` or its id); ``key``: a dedup key for ``enqueue``; ``key_ttl_s``: how
-        long a key stays held after its job finished."""
+        long a key stays held after its job finished; ``group``: the jobs belong to
+        that group of the queue (a tenant, a sender id): groups are served in turn, each
+        within its limits (``Queue.limit``)."""
         cid = campaign if campaign is None or isinstance(campaign, str) else campaign.id
         extra = EnqueueOptions(queue, priority, max_attempts, delay_s, eta, cid, key,
-                               key_ttl_s)
+                               key_ttl_s, group)
         return TaskCall(self._task, self._opts.merged(extra))
 
 

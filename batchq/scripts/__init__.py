@@ -38,7 +38,7 @@ NAMES = ("enqueue", "schedule", "pop", "ack", "nack", "release", "extend", "redr
          "start", "trim_dead", "lock_acquire", "lock_release", "lock_extend", "periodic_tick",
          "cancel", "ack_result", "status", "reserve",
          "load_open", "load_merge", "enqueue_tracked", "campaign_queue", "campaign_open",
-         "campaign_join", "campaign_close", "campaign_finish")
+         "campaign_join", "campaign_close", "campaign_finish", "enqueue_group")
 
 _CALLS = "_batchq_calls"
 

@@ -185,11 +185,13 @@ local function settle_tracked(campaigns, jobmeta, dedup, dedup_exp, ids, outcome
 end
 
 -- Ready-job bitmaps (keys.py T:waiting0..3): the sequence number in an id made by
--- enqueue ("...-<hex>", or "...-<hex>_m" for a tracked job), or nil for any other id.
+-- enqueue ("...-<hex>", then "~<group>" and "_m" when grouped or tracked), or nil for
+-- any other id.
 local WAIT_GEN = 8388608  -- 2^23 bits per generation (keys.WAIT_GEN_BITS)
 local function seq_of(id)
   if string.sub(id, 18, 18) ~= '-' then return nil end
-  return tonumber(string.sub(id, 19, tracked(id) and -3 or -1), 16)
+  local h = string.match(id, '^%x+', 19)  -- a group ("~...") or "_m" may follow
+  return h and tonumber(h, 16)
 end
 
 -- The next free sequence number (T:seq), read once per call.
@@ -225,4 +227,133 @@ local function set_bits(key, off, count)
   if count > 0 then
     redis.call('BITFIELD', key, 'SET', 'u' .. count, off, 2 ^ count - 1)
   end
+end
+
+-- Set the waiting bits of runs of sequence numbers ("first:count,first:count", "" for
+-- none) in the bitmaps KEYS[wait0 + slot]; top: the queue's next free number.
+local function mark_waiting(top, runs, wait0)
+  for first, count in string.gmatch(runs, '(%d+):(%d+)') do
+    local s, left = tonumber(first), tonumber(count)
+    while left > 0 do
+      local slot, off = wait_pos(top, s)
+      local m = math.min(left, WAIT_GEN - s % WAIT_GEN)
+      if slot and wait_pos(top, s + m - 1) then set_bits(KEYS[wait0 + slot], off, m) end
+      s = s + m
+      left = left - m
+    end
+  end
+end
+
+-- Groups (flow control, batchq/limits.py). A grouped job's id carries its group as
+-- "~<hex of the group name>" after the number (before a tracked job's "_m"), so every
+-- script finds a job's group from its id or lease alone. Its ready copy is a member of
+-- the gready zset, all scored 0 and read by lex range: "<g>~<9 - priority><13 hex
+-- position><entry>": one group's jobs are contiguous, highest priority first, FIFO by
+-- position inside a priority. Tail positions count up from GPOS0, head ones down.
+local GPOS0 = 2251799813685248  -- 2^51
+local BLOCKED = 1e15  -- gwait score of a group that waits for a concurrency slot
+local QUEUE = '~q'    -- gstate / limits / gwait name of the whole queue (no hex has "~")
+
+local function group_of(id)
+  return string.match(id, '~(%x+)')
+end
+
+local function gentry(m)
+  return string.sub(m, string.find(m, '~', 1, true) + 15)
+end
+
+-- Lex range bounds of group g's members in gready.
+local function grange(g)
+  return '[' .. g .. '~', '(' .. g .. '\127'
+end
+
+-- Add entries to their groups: items are {g, priority, entry}; head: in front of each
+-- group (the last item ends up first, as with LPUSH). Returns false when a full Redis
+-- refused the first write (nothing was written).
+local function gpush(gready, gstate, items, head)
+  local n = #items
+  if n == 0 then return true end
+  local c = redis.pcall('HINCRBY', gstate, 'pos', n)
+  if not ok_reply(c) then return false end
+  local args = {}
+  for i, it in ipairs(items) do
+    local k = c - n + i
+    local pos = head and (GPOS0 - k) or (GPOS0 + k)
+    args[#args + 1] = 0
+    args[#args + 1] = it[1] .. '~' .. (9 - it[2]) .. string.format('%013x', pos) .. it[3]
+  end
+  redis.call('ZADD', gready, unpack(args))
+  return true
+end
+
+-- The virtual time a group (re)joins at: the front of the rotation, so a newcomer gets
+-- its turn in the next round but no credit for the time it had no work.
+local function gvt(groups, gstate)
+  local first = redis.call('ZRANGE', groups, 0, 0, 'WITHSCORES')
+  if first[2] then return tonumber(first[2]) end
+  return tonumber(redis.call('HGET', gstate, 'vt') or '0')
+end
+
+-- Group g has ready jobs: it joins the rotation unless it is there or waits (gwait).
+local function gwake(groups, gwait, gstate, g)
+  if redis.call('ZSCORE', groups, g) or redis.call('ZSCORE', gwait, g) then return end
+  redis.call('ZADD', groups, gvt(groups, gstate), g)
+end
+
+-- A limit "rate,burst,concurrency,max_pending,weight" (empty field: none) as a table.
+local function limit_of(v)
+  if not v then return nil end
+  local r, b, c, m, w = string.match(v, '^([^,]*),([^,]*),([^,]*),([^,]*),([^,]*)$')
+  if not r then return nil end
+  return {rate = tonumber(r), burst = tonumber(b), conc = tonumber(c), max = tonumber(m),
+          weight = tonumber(w) or 1}
+end
+
+-- Tokens in bucket f (gstate "<f>:t" / "<f>:ts") now; the state is written only when
+-- tokens are taken (take_tokens), never on a refused take, so a throttled bucket refills.
+local function tokens(gstate, f, lim, now)
+  local v = redis.call('HMGET', gstate, f .. ':t', f .. ':ts')
+  local burst = lim.burst or math.max(1, math.ceil(lim.rate / 10))
+  local t, ts = tonumber(v[1]), tonumber(v[2])
+  if not t or not ts then return burst end
+  return math.min(burst, t + math.max(0, now - ts) * lim.rate / 1000)
+end
+
+local function take_tokens(gstate, f, left, now)
+  redis.call('HSET', gstate, f .. ':t', left, f .. ':ts', now)
+end
+
+-- When the bucket holding `t` tokens has one again (ms, server clock).
+local function next_token(t, lim, now)
+  return now + math.max(1, math.ceil((1 - t) * 1000 / lim.rate))
+end
+
+-- Jobs of groups that left (finished: they also leave the quota count "<g>:n", or were
+-- only given back / retried: `finished` false) their leases: the groups' running counts
+-- go down, and a group that waited for a concurrency slot is due again (wake token).
+-- ids: job ids (only grouped ones count); a queue waiting for a slot ("~q:blk") too.
+local function gsettle(gstate, gwait, wake, ids, finished)
+  local per, order = {}, {}
+  for _, id in ipairs(ids) do
+    local g = string.find(id, '~', 1, true) and group_of(id)
+    if g then
+      if not per[g] then order[#order + 1] = g; per[g] = 0 end
+      per[g] = per[g] + 1
+    end
+  end
+  local woke = false
+  for _, g in ipairs(order) do
+    local run = redis.call('HINCRBY', gstate, g .. ':run', -per[g])
+    local left = 1
+    if finished then left = redis.call('HINCRBY', gstate, g .. ':n', -per[g]) end
+    if run <= 0 and left <= 0 then
+      redis.call('HDEL', gstate, g .. ':run', g .. ':n')
+    end
+    if tonumber(redis.call('ZSCORE', gwait, g) or '0') >= BLOCKED then
+      redis.call('ZADD', gwait, 0, g)
+      woke = true
+    end
+  end
+  if #ids > 0 and redis.call('HDEL', gstate, QUEUE .. ':blk') == 1 then woke = true end
+  if woke then leave_wake_token(wake) end
 end

@@ -6,6 +6,8 @@
 -- KEYS[4]  recovered hash, KEYS[5] started hash: the crash marks (pop.lua), forgotten
 -- KEYS[6]  campaigns hash, KEYS[7] jobmeta hash, KEYS[8] dedup hash, KEYS[9] dedup:exp
 --          zset: tracked jobs (ids ending "_m") are settled as succeeded (_lib.lua)
+-- KEYS[10] gwait zset, KEYS[11] gstate hash, KEYS[12] wake list: grouped jobs give back
+--          their group's running slot and quota count (_lib.lua gsettle)
 -- ARGV     leases "<id>:<attempt>" (at most 1000 per call)
 -- Returns  the positions (1-based) of stale leases: ones no longer reserved (the lease
 --          expired and the job was handed out again or dead-lettered). A stale ack
@@ -20,6 +22,9 @@ local campaigns = KEYS[6]
 local jobmeta = KEYS[7]
 local dedup = KEYS[8]
 local dedup_exp = KEYS[9]
+local gwait = KEYS[10]
+local gstate = KEYS[11]
+local wake = KEYS[12]
 
 local scores = redis.call('ZMSCORE', reserved, unpack(ARGV))
 local live, ids, stale, marked = {}, {}, {}, {}
@@ -37,6 +42,7 @@ if #live > 0 then
   redis.call('HDEL', inflight, unpack(ids))
   redis.call('HINCRBY', stats, 'succeeded', #live)
   forget_marks(recovered, started, ids)
+  gsettle(gstate, gwait, wake, ids, true)
   if #marked > 0 then
     local due = {}
     settle_tracked(campaigns, jobmeta, dedup, dedup_exp, marked, 's', now_ms(), due)

@@ -11,6 +11,8 @@
 -- KEYS[7]  waiters flag: set (with a TTL) by processes waiting for results of this queue
 -- KEYS[8]  campaigns hash, KEYS[9] jobmeta hash, KEYS[10] dedup hash, KEYS[11] dedup:exp
 --          zset: tracked jobs (ids ending "_m") are settled as succeeded (_lib.lua)
+-- KEYS[12] gwait zset, KEYS[13] gstate hash, KEYS[14] wake list: grouped jobs give back
+--          their group's running slot and quota count (_lib.lua gsettle)
 -- The keys after those: the result key of each job, in the order of the triples below
 -- (KEYS[RESULTS + j] belongs to the j-th triple).
 -- ARGV     triples: lease "<id>:<attempt>", result TTL in ms, msgpack result (at most
@@ -29,7 +31,10 @@ local campaigns = KEYS[8]
 local jobmeta = KEYS[9]
 local dedup = KEYS[10]
 local dedup_exp = KEYS[11]
-local RESULTS = 11  -- KEYS[RESULTS + j] is the result key of the j-th triple
+local gwait = KEYS[12]
+local gstate = KEYS[13]
+local wake = KEYS[14]
+local RESULTS = 14  -- KEYS[RESULTS + j] is the result key of the j-th triple
 
 local leases = {}
 for i = 1, #ARGV - 2, 3 do
@@ -57,6 +62,7 @@ if #live > 0 then
   redis.call('HDEL', inflight, unpack(ids))
   redis.call('HINCRBY', stats, 'succeeded', #live)
   forget_marks(recovered, started, ids)
+  gsettle(gstate, gwait, wake, ids, true)
   if redis.call('EXISTS', waiters) == 1 then
     for _, id in ipairs(ids) do
       redis.call('PUBLISH', done .. ':' .. id, 's')

@@ -21,19 +21,24 @@ from ..keys import MAX_PRIORITY, CampaignKeys, LoadKeys, LockKeys, QueueKeys
 _WAIT = ("seq", "waiting0", "waiting1", "waiting2", "waiting3")  # the ready-job bitmaps
 _READY_ALL = tuple(f"ready{p}" for p in range(MAX_PRIORITY, -1, -1))
 _TRACKED = ("campaigns", "jobmeta", "dedup", "dedup_exp")
+_GROUPS = ("gready", "groups", "gwait", "gstate")  # flow control (batchq/limits.py)
 
 KEY_ORDER: dict[str, tuple[str, ...]] = {
     "enqueue": ("ready", "wake", "inflight", "stats", "pending", *_WAIT),
     "schedule": ("delayed", "wake", "inflight", "ready", "stats", "pending"),
     "pop": ("delayed", "reserved", "inflight", "dead", "dead_jobs", "wake", "paused",
             *_READY_ALL, "stats", "recovered", "started", *_TRACKED, "pending", "cancel",
-            "done", *_WAIT),
-    "ack": ("reserved", "inflight", "stats", "recovered", "started", *_TRACKED),
+            "done", *_WAIT, *_GROUPS, "limits"),
+    "ack": ("reserved", "inflight", "stats", "recovered", "started", *_TRACKED, "gwait",
+            "gstate", "wake"),
     "ack_result": ("reserved", "inflight", "stats", "recovered", "started", "done",
-                   "waiters", *_TRACKED),
+                   "waiters", *_TRACKED, "gwait", "gstate", "wake"),
     "nack": ("reserved", "inflight", "delayed", "dead", "dead_jobs", "wake", "stats",
-             "recovered", "started", *_TRACKED, "pending", "done"),
-    "release": ("reserved", "inflight", "wake", *_READY_ALL, "started", "pending"),
+             "recovered", "started", *_TRACKED, "pending", "done", "gwait", "gstate"),
+    "release": ("reserved", "inflight", "wake", *_READY_ALL, "started", "pending",
+                *_GROUPS),
+    "enqueue_group": (*_GROUPS, "limits", "delayed", "wake", "inflight", "stats",
+                      "pending", *_WAIT),
     "enqueue_tracked": ("ready", "delayed", "wake", "inflight", "stats", *_TRACKED,
                         "pending", *_WAIT),
     "campaign_queue": ("campaigns", "reserved", "jobmeta"),
@@ -43,11 +48,11 @@ KEY_ORDER: dict[str, tuple[str, ...]] = {
     "campaign_finish": ("record", "queues"),
     "extend": ("reserved",),
     "start": ("reserved", "started"),
-    "redrive": ("dead", "dead_jobs", "wake", *_READY_ALL, "stats", "pending"),
+    "redrive": ("dead", "dead_jobs", "wake", *_READY_ALL, "stats", "pending", *_GROUPS),
     "trim_dead": ("dead", "dead_jobs"),
     "periodic_tick": ("periodic", "ready", "wake", "stats", "pending"),
     "cancel": ("pending", "cancel", "cancelled", "delayed", "stats", "done", *_WAIT,
-               *_TRACKED),
+               *_TRACKED, "gstate"),
     "status": ("pending", "inflight", "dead_jobs", "cancelled", "cancel", *_WAIT),
     "reserve": _WAIT,
     "lock_acquire": ("token", "fence"),
@@ -91,6 +96,14 @@ def enqueue(k: QueueKeys, priority: int, entries: Sequence[bytes], *, check: boo
     the jobs' sequence numbers as ``"first:count,..."`` (``producer.seq_runs``)."""
     return Call("enqueue", _keys("enqueue", k, priority),
                 ["1" if check else "0", runs, *entries])
+
+
+def enqueue_group(k: QueueKeys, group_hex: str, priority: int, mode: str, when_ms: int,
+                  entries: Sequence[bytes], *, check: bool, runs: str = "") -> Call:
+    """Write jobs of one group (``mode`` ``"ready"``, ``"rel"`` or ``"abs"`` as in
+    ``enqueue_tracked``) within its quota; replies -2 when it would exceed it."""
+    return Call("enqueue_group", _keys("enqueue_group", k),
+                ["1" if check else "0", mode, when_ms, group_hex, priority, runs, *entries])
 
 
 def reserve(k: QueueKeys, n: int) -> Call:
@@ -189,8 +202,10 @@ def nack(k: QueueKeys, retries: Sequence[tuple[bytes | str, int]] = (),
     return Call("nack", _keys("nack", k), args)
 
 
-def release(k: QueueKeys, leases: Sequence[bytes | str]) -> Call:
-    return Call("release", _keys("release", k), list(leases))
+def release(k: QueueKeys, leases: Sequence[bytes | str], hold_ms: int = 0) -> Call:
+    """Give jobs back; ``hold_ms``: their groups (or the queue) start nothing for that
+    long (``RateLimited``)."""
+    return Call("release", _keys("release", k), [hold_ms, *leases])
 
 
 def extend(k: QueueKeys, lease_ms: int, leases: Sequence[bytes | str]) -> Call:

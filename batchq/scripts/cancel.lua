@@ -19,6 +19,8 @@
 --          dedup:exp zset: a tracked delayed job (id ending "_m") cancelled here is
 --          settled as cancelled in its campaign at once (a ready one when pop drops it);
 --          a campaign this makes due is completed by the workers' safety net
+-- KEYS[16] gstate hash: a grouped delayed job cancelled here leaves its group's quota
+--          count at once (a ready one when pop drops it)
 -- ARGV[1]  job id
 -- ARGV[2]  how long cancelled records are kept (ms); older ones are trimmed here
 -- ARGV[3]  at most this many old records are trimmed per call
@@ -36,6 +38,7 @@ local campaigns = KEYS[12]
 local jobmeta = KEYS[13]
 local dedup = KEYS[14]
 local dedup_exp = KEYS[15]
+local gstate = KEYS[16]
 
 local id = ARGV[1]
 local v = redis.call('HGET', pending, id)
@@ -58,6 +61,8 @@ elseif v == 'r' or redis.call('ZREM', delayed, v) == 0 then
   redis.call('HSET', cancel, id, '1')
 else
   redis.call('HINCRBY', stats, 'cancelled', 1)
+  local g = string.find(id, '~', 1, true) and group_of(id)
+  if g then redis.call('HINCRBY', gstate, g .. ':n', -1) end
   if tracked(id) then
     settle_tracked(campaigns, jobmeta, dedup, dedup_exp, {id}, 'c', now, {})
   end

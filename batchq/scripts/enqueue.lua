@@ -32,18 +32,6 @@ end
 local n = redis.call('RPUSH', ready, unpack(ARGV, 3))
 redis.call('HINCRBY', stats, 'enqueued', #ARGV - 2)
 -- results/status/cancel: the jobs' bits, per run (not per job)
-if ARGV[2] ~= '' then
-  local top = seq_top(seq)
-  for first, count in string.gmatch(ARGV[2], '(%d+):(%d+)') do
-    local s, left = tonumber(first), tonumber(count)
-    while left > 0 do
-      local slot, off = wait_pos(top, s)
-      local m = math.min(left, WAIT_GEN - s % WAIT_GEN)
-      if slot and wait_pos(top, s + m - 1) then set_bits(KEYS[WAIT0 + slot], off, m) end
-      s = s + m
-      left = left - m
-    end
-  end
-end
+mark_waiting(seq_top(seq), ARGV[2], WAIT0)
 leave_wake_token(wake)
 return n

@@ -12,6 +12,8 @@
 -- KEYS[14] pending hash: a retried job waits in the delayed set again (id -> entry)
 -- KEYS[15] done: prefix of the per-job channels; a dead-lettered job is announced on
 --          "<done>:<id>" with "d" (result waiters wake)
+-- KEYS[16] gwait zset, KEYS[17] gstate hash: grouped jobs give back their group's
+--          running slot; a dead one also leaves the quota count (_lib.lua gsettle)
 -- ARGV[1]  R, the number of retries that follow
 -- ARGV[2..2R+1]        pairs: lease "<id>:<attempt>", retry delay in ms
 -- ARGV[2R+2..]         pairs: lease, dead record (msgpack, built by the worker)
@@ -32,10 +34,13 @@ local dedup = KEYS[12]
 local dedup_exp = KEYS[13]
 local pending = KEYS[14]
 local done = KEYS[15]
+local gwait = KEYS[16]
+local gstate = KEYS[17]
 
 local now = now_ms()
 local r = tonumber(ARGV[1])
 local stale, finished = {}, {}
+local back, gone = {}, {}  -- ids retried, ids dead
 local retried, buried = 0, 0
 local died = {}  -- tracked jobs that die
 local i = 2
@@ -52,11 +57,13 @@ while i < #ARGV do
       redis.call('ZADD', delayed, now + tonumber(v), e)
       redis.call('HSET', pending, id, e)
       retried = retried + 1
+      back[#back + 1] = id
     else
       redis.call('HSET', dead_jobs, id, v)
       redis.call('ZADD', dead, now, id)
       redis.call('PUBLISH', done .. ':' .. id, 'd')
       buried = buried + 1
+      gone[#gone + 1] = id
       if tracked(id) then died[#died + 1] = id end
     end
     redis.call('HDEL', inflight, id)
@@ -71,6 +78,8 @@ if retried + buried > 0 then
   redis.call('HINCRBY', stats, 'dead', buried)
 end
 forget_marks(recovered, started, finished)
+gsettle(gstate, gwait, wake, back, false)
+gsettle(gstate, gwait, wake, gone, true)
 if retried > 0 then leave_wake_token(wake) end
 if #died > 0 then
   local due = {}

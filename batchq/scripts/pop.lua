@@ -27,6 +27,12 @@
 --          on "<done>:<id>" with "d"
 -- KEYS[28] seq counter; KEYS[29..32] waiting bitmaps, slots 0..3 (enqueue.lua): a popped
 --          job's bit is cleared (one SETBIT per job; ids without a sequence number: none)
+-- KEYS[33] gready zset, KEYS[34] groups zset, KEYS[35] gwait zset, KEYS[36] gstate
+--          hash, KEYS[37] limits hash: flow control (_lib.lua "Groups"). Grouped jobs
+--          are promoted, reaped and popped through their group; groups are served in
+--          turn (lowest virtual time first, weighted), each within its rate and
+--          concurrency limits; a group out of tokens or slots waits in gwait and is not
+--          looked at again until its next token (or a freed slot) is due
 -- ARGV[1]  how many jobs to pop (0 = maintenance only)
 -- ARGV[2]  lease in ms
 -- ARGV[3]  chunk: at most this many delayed and expired jobs are moved per call
@@ -41,7 +47,8 @@
 -- last attempt the job is dead-lettered as crashed_worker. Marks go at ack, nack and
 -- here at dead-lettering.
 --
--- Returns {now_ms, next_due_ms or -1, next_deadline_ms or -1, promoted, reaped,
+-- Returns {now_ms, next_due_ms or -1 (the earliest delayed job, rate token or hold end),
+--          next_deadline_ms or -1, promoted, reaped,
 --          expired (dead-lettered: lease_expired), malformed (dead-lettered:
 --          decode_error), crashed (dead-lettered: crashed_worker), {positions (1-based,
 --          among the jobs) of jobs to run alone}, {ids of campaigns that became due:
@@ -67,6 +74,11 @@ local cancel = KEYS[26]
 local done = KEYS[27]
 local seq = KEYS[28]
 local WAIT0 = 29  -- KEYS[WAIT0 + s] is the bitmap of slot s (0..3)
+local gready = KEYS[33]
+local groups = KEYS[34]
+local gwait = KEYS[35]
+local gstate = KEYS[36]
+local limits = KEYS[37]
 
 local ISOLATE_AFTER = 2  -- recoveries after which a job runs alone, its start recorded
 
@@ -83,9 +95,17 @@ end
 --    be refused: then nothing moves this time, and the pop below still runs)
 local due = redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, chunk)
 local moved = {}
+local woken = {}  -- groups that got ready jobs
 for _, e in ipairs(due) do
   local p = tonumber(string.sub(e, 1, 1)) or 0
-  if not try_rpush(ready_key(p), e) then break end
+  local _, _, _, id = parse(e)
+  local g = id and string.find(id, '~', 1, true) and group_of(id)
+  if g then
+    if not gpush(gready, gstate, {{g, p, e}}, false) then break end
+    woken[g] = true
+  elseif not try_rpush(ready_key(p), e) then
+    break
+  end
   moved[#moved + 1] = e
 end
 if #moved > 0 then
@@ -107,6 +127,15 @@ local reaped, buried, crashed = 0, 0, 0
 local expired = redis.call('ZRANGEBYSCORE', reserved, '-inf', now, 'LIMIT', 0, chunk)
 local gone = {}
 local t_dead = {}  -- tracked jobs reaped dead
+local g_back, g_dead = {}, {}  -- grouped jobs reaped: back in their group, or dead
+
+-- back to the head of its ready list, or of its group
+local function push_head(id, p, e)
+  local g = string.find(id, '~', 1, true) and group_of(id)
+  if not g then return try_lpush(ready_key(p), e) end
+  woken[g] = true
+  return gpush(gready, gstate, {{g, p, e}}, true)
+end
 for x = #expired, 1, -1 do
   local m = expired[x]
   local id = member_id(m)
@@ -145,22 +174,24 @@ for x = #expired, 1, -1 do
     else
       if charged then
         c = c + 1
-        ok = try_lpush(ready_key(p), e)
       else
         -- not known to have started: an innocent neighbour, its attempt refunded by
         -- raising max_attempts (not by lowering attempt: the next run must hold a new
         -- lease name, or a late ack of this one would finish it)
-        ok = try_lpush(ready_key(p), with_attempt(e, p, a, mx + 1, id, hl))
+        e = with_attempt(e, p, a, mx + 1, id, hl)
       end
+      ok = push_head(id, p, e)
       if ok then
         redis.call('HSET', recovered, id, (n + 1) .. ':' .. c)
         redis.call('HSET', pending, id, 'r')
         reaped = reaped + 1
+        g_back[#g_back + 1] = id
       end
     end
     if ok then
       redis.call('HDEL', started, id)
       redis.call('HDEL', inflight, id)
+      if g_back[#g_back] ~= id then g_dead[#g_dead + 1] = id end
     end
   end
   if not ok then break end  -- refused (full Redis): the rest stay reserved until later
@@ -172,6 +203,8 @@ end
 if buried + crashed > 0 then
   redis.call('HINCRBY', stats, 'dead', buried + crashed)
 end
+gsettle(gstate, gwait, wake, g_back, false)
+gsettle(gstate, gwait, wake, g_dead, true)
 local due = {}
 if #t_dead > 0 then
   settle_tracked(campaigns, jobmeta, dedup, dedup_exp, t_dead, 'd', now, due)
@@ -180,70 +213,198 @@ if #moved > 0 or reaped > 0 then
   leave_wake_token(wake)
 end
 
+-- 2b. groups whose wait is over (a token due, a hold ended, a slot freed) and groups
+--     that just got ready jobs join the rotation
+local over = redis.call('ZRANGEBYSCORE', gwait, '-inf', now, 'LIMIT', 0, chunk)
+if #over > 0 then
+  redis.call('ZREM', gwait, unpack(over))
+  for _, g in ipairs(over) do
+    if g ~= QUEUE then woken[g] = true end
+  end
+end
+for g in pairs(woken) do gwake(groups, gwait, gstate, g) end
+
 -- 3. pop and reserve
 local marks = {}
 local out = {now, -1, -1, #moved, reaped, buried, 0, crashed, marks, due}
 local header_n = #out
+local flow = -1  -- the earliest time a throttled queue or group may start jobs again
+local function soon(t)
+  if flow < 0 or t < flow then flow = t end
+end
 if want > 0 and redis.call('EXISTS', paused) == 0 then
   local deadline = now + lease
   local any_recovered = redis.call('HLEN', recovered) > 0
   local any_tombstones = redis.call('HLEN', cancel) > 0
   local hargs, zargs, ids = {}, {}, {}
   local dropped = 0
+  local g_gone = {}  -- grouped jobs dropped here: they leave their group's quota count
   -- tracked jobs: only while a campaign is cancelled on this queue ("~cancelled" > 0)
   -- is each one's campaign flag looked up, to drop it; otherwise they cost nothing here
   local any_cancelled = tonumber(redis.call('HGET', campaigns, '~cancelled') or '0') > 0
   local flags, skipped = {}, {}
+
+  -- one popped entry: reserved (true), or dropped (cancelled, malformed)
+  local function take(e)
+    local ep, a, mx, id, hl = parse(e)
+    if ep and any_tombstones and redis.call('HDEL', cancel, id) == 1 then
+      -- cancelled while it waited (cancel.lua): dropped, never run
+      dropped = dropped + 1
+      if tracked(id) then skipped[#skipped + 1] = id end
+      g_gone[#g_gone + 1] = id
+      return false
+    end
+    if any_cancelled and ep and tracked(id) then
+      local v = redis.call('HGET', jobmeta, id)
+      local cid = v and string.match(v, '^([^\n]*)\n') or ''
+      if cid ~= '' and flags[cid] == nil then
+        flags[cid] = redis.call('HGET', campaigns, cid .. ':f') or ''
+      end
+      if cid ~= '' and flags[cid] == 'cancelled' then
+        skipped[#skipped + 1] = id
+        ids[#ids + 1] = id  -- popped: leaves the pending index and its bitmap
+        g_gone[#g_gone + 1] = id
+        return false
+      end
+    end
+    if not ep then
+      -- each malformed entry keeps its own record, even identical ones
+      local nth = redis.call('HINCRBY', stats, 'malformed', 1)
+      bury(dead, dead_jobs, now,
+        'raw-' .. string.sub(redis.sha1hex(e), 1, 20) .. '-' .. nth,
+        'decode_error', 'malformed job header', e)
+      out[7] = out[7] + 1
+      return false
+    end
+    ids[#ids + 1] = id
+    local r = with_attempt(e, ep, a + 1, mx, id, hl)
+    hargs[#hargs + 1] = id
+    hargs[#hargs + 1] = r
+    zargs[#zargs + 1] = deadline
+    zargs[#zargs + 1] = id .. ':' .. (a + 1)
+    out[#out + 1] = r
+    local rec = any_recovered and redis.call('HGET', recovered, id)
+    if rec and (tonumber(string.match(rec, '^(%d+)')) or 0) >= ISOLATE_AFTER then
+      marks[#marks + 1] = #out - header_n
+    end
+    return true
+  end
+
+  -- the whole queue: a hold (RateLimited without a group), then its own limit
+  local held = tonumber(redis.call('ZSCORE', gwait, QUEUE) or '0')
+  if held > now then
+    soon(held)
+    want = 0
+  end
+  local qlim = want > 0 and limit_of(redis.call('HGET', limits, QUEUE))
+  local qtok
+  if qlim then
+    if qlim.conc then
+      local free = qlim.conc - redis.call('ZCARD', reserved)
+      if free <= 0 then redis.call('HSET', gstate, QUEUE .. ':blk', 1) end
+      want = math.min(want, free)
+    end
+    if qlim.rate and want > 0 then
+      qtok = tokens(gstate, QUEUE, qlim, now)
+      if qtok < 1 then soon(next_token(qtok, qlim, now)) end
+      want = math.min(want, math.floor(qtok))
+    end
+  end
+  local asked = math.max(want, 0)
+
+  -- groups in turn: the plain lists count as one more participant
+  local sel = want > 0 and redis.call('ZRANGE', groups, 0, want - 1, 'WITHSCORES') or {}
+  local plain = want
+  if #sel > 0 then plain = math.ceil(want / (#sel / 2 + 1)) end
+  -- what each participant gets this call, taken in turns below (one job each per turn)
+  local lanes, lane_group = {{}}, {false}
   for p = 9, 0, -1 do
-    if want <= 0 then break end
-    local items = redis.call('LPOP', ready_key(p), want)
+    if plain <= 0 then break end
+    local items = redis.call('LPOP', ready_key(p), plain)
     if items then
+      plain = plain - #items
       want = want - #items
-      for _, e in ipairs(items) do
-        local ep, a, mx, id, hl = parse(e)
-        if ep and any_tombstones and redis.call('HDEL', cancel, id) == 1 then
-          -- cancelled while it waited (cancel.lua): dropped, never run
-          dropped = dropped + 1
-          if tracked(id) then skipped[#skipped + 1] = id end
-          ep = false
+      for _, e in ipairs(items) do lanes[1][#lanes[1] + 1] = e end
+    end
+  end
+  if #sel > 0 and want > 0 then
+    local names = {}
+    for i = 1, #sel, 2 do names[#names + 1] = sel[i] end
+    local lims = redis.call('HMGET', limits, '*', unpack(names))
+    local deflim = limit_of(lims[1])
+    local gl, sumw = {}, 0
+    for i, g in ipairs(names) do
+      gl[i] = limit_of(lims[i + 1]) or deflim
+      sumw = sumw + (gl[i] and gl[i].weight or 1)
+    end
+    local budget = want
+    local taken_members, vts = {}, {}
+    local last_vt
+    for i, g in ipairs(names) do
+      if want <= 0 then break end
+      local lim, w = gl[i], gl[i] and gl[i].weight or 1
+      local n = math.min(want, math.max(1, math.floor(budget * w / sumw + 0.5)))
+      local why  -- the group cannot start more now: 'slot' or a time to look again
+      if lim and lim.conc then
+        local run = tonumber(redis.call('HGET', gstate, g .. ':run') or '0')
+        if run + n > lim.conc then n = lim.conc - run end
+        if n <= 0 then why = BLOCKED end
+      end
+      local gtok
+      if lim and lim.rate and n > 0 then
+        gtok = tokens(gstate, g, lim, now)
+        if gtok < 1 then why = next_token(gtok, lim, now) end
+        n = math.min(n, math.floor(gtok))
+      end
+      if n > 0 then
+        local lo, hi = grange(g)
+        local items = redis.call('ZRANGEBYLEX', gready, lo, hi, 'LIMIT', 0, n + 1)
+        local got = math.min(n, #items)
+        local lane = {}
+        for j = 1, got do
+          taken_members[#taken_members + 1] = items[j]
+          lane[j] = gentry(items[j])
         end
-        if any_cancelled and ep and tracked(id) then
-          local v = redis.call('HGET', jobmeta, id)
-          local cid = v and string.match(v, '^([^\n]*)\n') or ''
-          if cid ~= '' and flags[cid] == nil then
-            flags[cid] = redis.call('HGET', campaigns, cid .. ':f') or ''
-          end
-          if cid ~= '' and flags[cid] == 'cancelled' then
-            skipped[#skipped + 1] = id
-            ids[#ids + 1] = id  -- popped: leaves the pending index and its bitmap
-            ep = false
-          end
-        end
-        if ep == false then
-          -- cancelled: dropped here (counted below), never reserved
-        elseif ep then
-          ids[#ids + 1] = id
-          local r = with_attempt(e, ep, a + 1, mx, id, hl)
-          hargs[#hargs + 1] = id
-          hargs[#hargs + 1] = r
-          zargs[#zargs + 1] = deadline
-          zargs[#zargs + 1] = id .. ':' .. (a + 1)
-          out[#out + 1] = r
-          local rec = any_recovered and redis.call('HGET', recovered, id)
-          if rec and (tonumber(string.match(rec, '^(%d+)')) or 0) >= ISOLATE_AFTER then
-            marks[#marks + 1] = #out - header_n
-          end
+        lanes[#lanes + 1] = lane
+        lane_group[#lanes] = g
+        want = want - got
+        if gtok then take_tokens(gstate, g, gtok - got, now) end
+        last_vt = tonumber(sel[2 * i]) + got / w
+        if #items <= got then
+          redis.call('ZREM', groups, g)  -- no ready jobs left
         else
-          -- each malformed entry keeps its own record, even identical ones
-          local nth = redis.call('HINCRBY', stats, 'malformed', 1)
-          bury(dead, dead_jobs, now,
-            'raw-' .. string.sub(redis.sha1hex(e), 1, 20) .. '-' .. nth,
-            'decode_error', 'malformed job header', e)
-          out[7] = out[7] + 1
+          vts[#vts + 1] = last_vt
+          vts[#vts + 1] = g
+        end
+      end
+      if why then
+        redis.call('ZREM', groups, g)
+        redis.call('ZADD', gwait, why, g)
+        if why < BLOCKED then soon(why) end
+      end
+    end
+    if #taken_members > 0 then redis.call('ZREM', gready, unpack(taken_members)) end
+    if #vts > 0 then redis.call('ZADD', groups, unpack(vts)) end
+    if last_vt then redis.call('HSET', gstate, 'vt', last_vt) end
+  end
+  -- reserve in turns, so a batch alternates between the groups (and the plain lists)
+  local running = {}
+  for j = 1, asked do
+    local any = false
+    for i, lane in ipairs(lanes) do
+      local e = lane[j]
+      if e then
+        any = true
+        if take(e) and lane_group[i] then
+          running[lane_group[i]] = (running[lane_group[i]] or 0) + 1
         end
       end
     end
+    if not any then break end
   end
+  for g, n in pairs(running) do redis.call('HINCRBY', gstate, g .. ':run', n) end
+  if qtok and asked > want then take_tokens(gstate, QUEUE, qtok - (asked - want), now) end
+
   if #hargs > 0 then
     redis.call('HSET', inflight, unpack(hargs))
     redis.call('ZADD', reserved, unpack(zargs))
@@ -264,7 +425,14 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   if #skipped > 0 then
     settle_tracked(campaigns, jobmeta, dedup, dedup_exp, skipped, 'c', now, due)
   end
-  if want <= 0 then
+  if #g_gone > 0 then
+    -- never leased (no running count to give back): they leave their quota count
+    for _, id in ipairs(g_gone) do
+      local g = string.find(id, '~', 1, true) and group_of(id)
+      if g then redis.call('HINCRBY', gstate, g .. ':n', -1) end
+    end
+  end
+  if want <= 0 and asked > 0 then
     -- a full batch: more may be waiting, let the next idle worker look
     leave_wake_token(wake)
   end
@@ -272,6 +440,12 @@ end
 
 local first = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
 if first[2] then out[2] = tonumber(first[2]) end
+if flow >= 0 and (out[2] < 0 or flow < out[2]) then out[2] = flow end
+first = redis.call('ZRANGEBYSCORE', gwait, '(' .. now, '(' .. BLOCKED, 'WITHSCORES',
+  'LIMIT', 0, 1)
+if first[2] and (out[2] < 0 or tonumber(first[2]) < out[2]) then
+  out[2] = tonumber(first[2])
+end
 first = redis.call('ZRANGE', reserved, 0, 0, 'WITHSCORES')
 if first[2] then out[3] = tonumber(first[2]) end
 return out

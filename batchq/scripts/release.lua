@@ -1,12 +1,18 @@
 -- release.lua: give back reserved jobs that did not run (or were interrupted by a
--- shutdown): they return to the head of their ready list at once, their attempt refunded.
+-- shutdown, or whose handler raised RateLimited): they return to the head of their ready
+-- list (a grouped job: of its group) at once, their attempt refunded.
 --
 -- KEYS[1]  reserved zset         KEYS[3]  wake list
 -- KEYS[2]  inflight hash         KEYS[4..13]  ready lists, priority 9 down to 0
 -- KEYS[14] started hash: a given-back job did not crash its worker, its mark goes
 --          (its "recovered" mark stays: it still runs alone next time)
 -- KEYS[15] pending hash: a given-back job is ready again (job_status, cancel.lua)
--- ARGV     leases "<id>:<attempt>" in the order the jobs were popped
+-- KEYS[16] gready zset, KEYS[17] groups zset, KEYS[18] gwait zset, KEYS[19] gstate
+--          hash: a grouped job goes back to its group and gives back its running slot
+-- ARGV[1]  hold in ms (0: none): each given-back job's group (or, for a job without a
+--          group, the whole queue) starts no job until now + hold (RateLimited); a
+--          longer hold already set is kept
+-- ARGV[2..] leases "<id>:<attempt>" in the order the jobs were popped
 -- Returns  how many were given back (stale leases are skipped).
 local reserved = KEYS[1]
 local inflight = KEYS[2]
@@ -14,28 +20,58 @@ local wake = KEYS[3]
 local READY9 = 4  -- KEYS[READY9 + 9 - p] is the ready list of priority p
 local started = KEYS[14]
 local pending = KEYS[15]
+local gready = KEYS[16]
+local groups = KEYS[17]
+local gwait = KEYS[18]
+local gstate = KEYS[19]
 
 local function ready_key(p)
   return KEYS[READY9 + 9 - p]
 end
 
+local hold = tonumber(ARGV[1]) or 0
+local now = now_ms()
+
+-- hold `g` (a group, or QUEUE) until now + hold, keeping a longer hold
+local function hold_off(g)
+  local cur = tonumber(redis.call('ZSCORE', gwait, g) or '0')
+  if cur >= BLOCKED or cur < now + hold then
+    redis.call('ZADD', gwait, now + hold, g)
+  end
+  if g ~= QUEUE then redis.call('ZREM', groups, g) end
+end
+
 local marks = redis.call('HLEN', started) > 0
 local n = 0
-for i = #ARGV, 1, -1 do
+local back, woken = {}, {}
+for i = #ARGV, 2, -1 do
   local m = ARGV[i]
   local id = member_id(m)
   local e = id and redis.call('ZSCORE', reserved, m) and redis.call('HGET', inflight, id)
   if e then
     local p, a, mx, _, hl = parse(e)
     if p then
-      redis.call('LPUSH', ready_key(p), with_attempt(e, p, math.max(a - 1, 0), mx, id, hl))
+      local r = with_attempt(e, p, math.max(a - 1, 0), mx, id, hl)
+      local g = string.find(id, '~', 1, true) and group_of(id)
+      if g then
+        gpush(gready, gstate, {{g, p, r}}, true)
+        woken[g] = true
+      else
+        redis.call('LPUSH', ready_key(p), r)
+        if hold > 0 then hold_off(QUEUE) end
+      end
       redis.call('ZREM', reserved, m)
       redis.call('HDEL', inflight, id)
       if marks then redis.call('HDEL', started, id) end
       redis.call('HSET', pending, id, 'r')
+      back[#back + 1] = id
       n = n + 1
     end
   end
 end
+for g in pairs(woken) do
+  if hold > 0 then hold_off(g) else gwake(groups, gwait, gstate, g) end
+end
+gsettle(gstate, gwait, wake, back, false)
 if n > 0 then leave_wake_token(wake) end
 return n

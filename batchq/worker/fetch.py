@@ -218,11 +218,12 @@ class Fetcher:
         for k in st.queues:
             for r in k.ready:
                 pipe.llen(r)
+            pipe.zcard(k.gready)  # ready jobs of groups (flow control)
             pipe.zcard(k.delayed)
             pipe.zcard(k.reserved)
             pipe.exists(k.paused)
         res = await pipe.execute()
-        per = len(st.queues[0].ready) + 3
+        per = len(st.queues[0].ready) + 4
         stuck: list[str] = []
         for i, k in enumerate(st.queues):
             counts = [int(x) for x in res[i * per : (i + 1) * per]]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import codec
 from ..codec import Job
-from ..errors import Retry
+from ..errors import RateLimited, Retry
 from ..metrics import bump
 from ..scripts import arun_pipeline, calls
 from .state import CHUNK, REDIS_ERRORS, Buffers, State, backoff_s
@@ -95,6 +95,9 @@ class Outcomes:
 
     def fail(self, job: Job, task: Task[..., Any], exc: BaseException, reason: str) -> None:
         st = self.st
+        if isinstance(exc, RateLimited):
+            self.hold(job, exc)
+            return
         st.counters.failed += 1
         if st.m is not None:
             bump(st.m.failed, (job.queue, job.task, reason))
@@ -110,6 +113,15 @@ class Outcomes:
                  job.attempt, job.max_attempts, type(exc).__name__, describe(exc), delay)
         self.settle(job).retries.append((job.lease, int(delay * 1000), job.task))
         st.counters.retried += 1
+
+    def hold(self, job: Job, exc: RateLimited) -> None:
+        """The provider said "too many": the job goes back to the head of its group
+        with its attempt refunded, and the group (or the queue) is held in Redis."""
+        log.info("job %s (%s) rate limited: its %s is held for %.1fs", job.id, job.task,
+                 "group" if "~" in job.id else "queue", exc.retry_after_s)
+        self.settle(job).holds.append((job.lease, round(exc.retry_after_s * 1000),
+                                       job.task))
+        self.st.counters.held += 1
 
     def bury(self, job: Job, reason: str, exc: BaseException) -> None:
         message = describe(exc)
@@ -196,6 +208,8 @@ class Outcomes:
                 dead = b.dead[i : i + CHUNK]
                 batch.append((calls.nack(k, dead=[(lease, rec) for lease, rec, _, _ in dead]),
                               q, "dead", [(t, r) for _, _, t, r in dead]))
+            for lease, hold_ms, task in b.holds:  # rare: one call each (its own hold)
+                batch.append((calls.release(k, [lease], hold_ms), q, "held", [task]))
         t0 = time.perf_counter()
         try:
             if len(batch) == 1:
@@ -220,6 +234,9 @@ class Outcomes:
                        results: list[Any], elapsed_s: float) -> None:
         st = self.st
         for i, r in enumerate(results):
+            if batch[i][2] == "held":  # release.lua replies how many it gave back
+                results[i] = [] if r else [1]
+                continue
             if r and 0 in r:  # campaigns that became due follow a 0 (ack, ack_result, nack)
                 cut = r.index(0)
                 st.due_campaigns.update(x.decode() for x in r[cut + 1:])
@@ -241,6 +258,9 @@ class Outcomes:
             if kind == "dead":
                 for (task, reason), n in collections.Counter(labels).items():
                     bump(m.dead, (q, task, reason), n)
+            elif kind == "held":
+                for task, n in collections.Counter(labels).items():
+                    bump(m.held, (q, task), n)
             else:
                 target = m.succeeded if kind == "ok" else m.retried
                 for task, n in collections.Counter(labels).items():

@@ -115,6 +115,8 @@ class Counters:
     retried: int = 0
     dead: int = 0
     released: int = 0
+    held: int = 0
+    """Jobs given back by ``RateLimited``."""
     stale_acks: int = 0
     leases_lost: int = 0
     promoted: int = 0
@@ -137,6 +139,8 @@ class Buffers:
     """(lease, dead record, task, reason)"""
     results: list[tuple[bytes, int, bytes, str]] = field(default_factory=list)
     """Acks that keep a result: (lease, result TTL in ms, msgpack result, task)"""
+    holds: list[tuple[bytes, int, str]] = field(default_factory=list)
+    """Jobs given back by ``RateLimited``: (lease, hold of their group in ms, task)"""
 
     def extend(self, other: Buffers) -> None:
         self.acks += other.acks
@@ -144,13 +148,14 @@ class Buffers:
         self.retries += other.retries
         self.dead += other.dead
         self.results += other.results
+        self.holds += other.holds
 
     def leases(self) -> list[bytes]:
         return [*self.acks, *(r[0] for r in self.retries), *(d[0] for d in self.dead),
-                *(r[0] for r in self.results)]
+                *(r[0] for r in self.results), *(h[0] for h in self.holds)]
 
     def __bool__(self) -> bool:
-        return bool(self.acks or self.retries or self.dead or self.results)
+        return bool(self.acks or self.retries or self.dead or self.results or self.holds)
 
 
 def backoff_s(base_s: float, max_s: float, attempt: int) -> float:

@@ -449,7 +449,8 @@ def test_builders_fill_keys_from_the_queue(namespace):
     c = calls.pop(k, 5, 1000, 100)
     assert c.keys[7:17] == list(k.ready) and c.keys[17:20] == [k.stats, k.recovered, k.started]
     assert c.keys[20:24] == [k.campaigns, k.jobmeta, k.dedup, k.dedup_exp]
-    assert c.keys[24:] == [k.pending, k.cancel, k.done, k.seq, k.waiting0, k.waiting1,
-                           k.waiting2, k.waiting3]
+    assert c.keys[24:32] == [k.pending, k.cancel, k.done, k.seq, k.waiting0, k.waiting1,
+                             k.waiting2, k.waiting3]
+    assert c.keys[32:] == [k.gready, k.groups, k.gwait, k.gstate, k.limits]
     assert calls.enqueue(k, 3, [b"e"], check=False).keys[0] == k.ready_for(3)
     assert calls.nack(k, [(b"a:1", 5)], [(b"b:1", b"r")]).args == [1, b"a:1", 5, b"b:1", b"r"]
