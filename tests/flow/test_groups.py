@@ -6,11 +6,9 @@ from __future__ import annotations
 import time
 
 import pytest
-import redis
 from helpers import wait_until
 from integration._support import wait_exit
 
-import batchq
 from batchq.limits import Limit, group_hex
 
 
@@ -152,6 +150,3 @@ def test_grouped_enqueue_is_refused_with_campaign_or_key(app, queue_name):
     with pytest.raises(ValueError, match="campaign or key"):
         work.options(key="k1").enqueue(1)
 
-
-def _unused(r: redis.Redis) -> None:  # keeps the import used by type checkers
-    del r, batchq
