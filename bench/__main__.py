@@ -14,13 +14,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-SCENARIOS = ("enqueue", "drain", "latency", "memory", "idle", "scale", "campaign")
+SCENARIOS = ("enqueue", "drain", "latency", "memory", "idle", "scale", "campaign", "fanout",
+             "groups", "ratecheck")
 COMMANDS = (*SCENARIOS, "peers", "plot")
 
 # (full, --quick) defaults of --jobs per scenario
 JOBS = {"enqueue": (50_000, 2_000), "drain": (100_000, 2_000), "latency": (50_000, 2_000),
         "memory": (1_000_000, 2_000), "scale": (50_000, 2_000),
-        "campaign": (100_000, 2_000)}
+        "campaign": (100_000, 2_000), "fanout": (100_000, 2_000), "groups": (100_000, 2_000)}
 
 
 def _common(p: argparse.ArgumentParser, scenario: str) -> None:
@@ -84,6 +85,33 @@ def add_scenario_args(p: argparse.ArgumentParser, scenario: str) -> None:
                        help="campaigns of the completion-latency case (default 50, --quick 5)")
         p.add_argument("--campaign-jobs", type=int, default=200,
                        help="jobs per campaign of the latency case (default 200)")
+    if scenario == "fanout":
+        p.add_argument("--groups", type=int, default=None,
+                       help="senders (groups), equal rates (default 20, --quick 4)")
+        p.add_argument("--rate-sum", type=float, default=None,
+                       help="sum of the per-group limits in messages/s (default 2000, "
+                       "--quick 400)")
+        p.add_argument("--group-burst", type=int, default=None,
+                       help="burst of each group, queue and provider alike (default: a "
+                       "tenth of a second's worth)")
+        p.add_argument("--latency-ms", type=float, default=50.0,
+                       help="the provider's answer time (default 50 ms)")
+    if scenario == "groups":
+        p.add_argument("--groups", type=int, default=None,
+                       help="groups the jobs are spread over (default 1000, --quick 20)")
+        p.add_argument("--queue-rate", type=float, default=1_000_000.0,
+                       help="the queue-wide rate limit of the third case (default "
+                       "1,000,000/s, the largest allowed)")
+    if scenario == "ratecheck":
+        p.add_argument("--duration", type=float, default=None,
+                       help="seconds of jobs at the queue's rate (default 10, --quick 2)")
+        p.add_argument("--rate", type=float, default=500.0,
+                       help="queue-wide rate_per_s (default 500)")
+        p.add_argument("--burst", type=int, default=50, help="queue-wide burst (default 50)")
+        p.add_argument("--group-rate", type=float, default=50.0,
+                       help="rate_per_s of the limited group (default 50)")
+        p.add_argument("--group-burst", type=int, default=5,
+                       help="burst of the limited group (default 5)")
     if scenario == "memory":
         p.add_argument("--payload-bytes", type=int, default=100,
                        help="size of each job's bytes argument (default 100)")
@@ -106,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
              "scale": "drain throughput against processes and payload size",
              "campaign": "campaigns and dedup keys: drain cost, keyed enqueue_many, bytes "
                          "per key, completion latency",
+             "fanout": "flow control: a mock provider with per-sender limits, 20 groups",
+             "groups": "no-op drain: plain, in 1,000 groups, under a queue rate limit",
+             "ratecheck": "starts in any 1 s window vs rate + burst, two supervisors",
              "peers": "batchq against Celery, RQ, arq, dramatiq, saq, taskiq, huey",
              "plot": "PNG of latency percentiles against offered rate"}
     for name in COMMANDS:
@@ -116,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _run_scenario(args: argparse.Namespace) -> int:
     from . import harness
     from .campaigns import run_campaign
+    from .flow import run_fanout, run_groups, run_ratecheck
     from .latency import run_latency
     from .resources import run_idle, run_memory
     from .throughput import run_drain, run_enqueue, run_scale
@@ -150,6 +182,20 @@ def _run_scenario(args: argparse.Namespace) -> int:
             ctx, rec, jobs=jobs, repeat=repeat, processes=None, concurrency=args.concurrency,
             campaigns=args.campaigns or (5 if quick else 50),
             campaign_jobs=args.campaign_jobs),
+        "fanout": lambda ctx, rec: run_fanout(
+            ctx, rec, jobs=jobs, repeat=repeat, groups=args.groups or (4 if quick else 20),
+            rate_sum=args.rate_sum or (400.0 if quick else 2000.0), burst=args.group_burst,
+            latency_ms=args.latency_ms, processes=args.processes,
+            concurrency=args.concurrency),
+        "groups": lambda ctx, rec: run_groups(
+            ctx, rec, jobs=jobs, repeat=repeat, groups=args.groups or (20 if quick else 1000),
+            queue_rate=args.queue_rate, processes=args.processes,
+            concurrency=args.concurrency),
+        "ratecheck": lambda ctx, rec: run_ratecheck(
+            ctx, rec, repeat=repeat, duration_s=args.duration or (2.0 if quick else 10.0),
+            rate=args.rate, burst=args.burst, group_rate=args.group_rate,
+            group_burst=args.group_burst, processes=args.processes,
+            concurrency=args.concurrency),
         "idle": lambda ctx, rec: run_idle(
             ctx, rec, repeat=repeat, processes=args.processes, concurrency=args.concurrency,
             warmup_s=args.warmup if args.warmup is not None else (0.5 if quick else 2.0),
