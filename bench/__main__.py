@@ -96,6 +96,9 @@ def add_scenario_args(p: argparse.ArgumentParser, scenario: str) -> None:
                        "tenth of a second's worth)")
         p.add_argument("--latency-ms", type=float, default=50.0,
                        help="the provider's answer time (default 50 ms)")
+        p.add_argument("--clock", choices=("sent", "arrival"), default="sent",
+                       help="the provider judges its buckets by the handlers' send time "
+                       "(default) or by when it read the request (see bench/README.md)")
     if scenario == "groups":
         p.add_argument("--groups", type=int, default=None,
                        help="groups the jobs are spread over (default 1000, --quick 20)")
@@ -186,7 +189,7 @@ def _run_scenario(args: argparse.Namespace) -> int:
             ctx, rec, jobs=jobs, repeat=repeat, groups=args.groups or (4 if quick else 20),
             rate_sum=args.rate_sum or (400.0 if quick else 2000.0), burst=args.group_burst,
             latency_ms=args.latency_ms, processes=args.processes,
-            concurrency=args.concurrency),
+            concurrency=args.concurrency, clock=args.clock),
         "groups": lambda ctx, rec: run_groups(
             ctx, rec, jobs=jobs, repeat=repeat, groups=args.groups or (20 if quick else 1000),
             queue_rate=args.queue_rate, processes=args.processes,

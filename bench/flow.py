@@ -42,11 +42,12 @@ LIMITED = "limited"
 # --- helpers ---------------------------------------------------------------------------
 
 
-def start_provider(ctx: Context, rate: float, burst: float, latency_ms: float
-                   ) -> tuple[Fleet, str]:
+def start_provider(ctx: Context, rate: float, burst: float, latency_ms: float,
+                   clock: str = "sent") -> tuple[Fleet, str]:
     """The mock provider as a subprocess; returns it and its URL."""
     prov = Fleet([sys.executable, "-m", "bench.mockprovider", "--rate", repr(rate),
-                  "--burst", repr(burst), "--latency-ms", repr(latency_ms)], ctx.fleet_env())
+                  "--burst", repr(burst), "--latency-ms", repr(latency_ms),
+                  "--clock", clock], ctx.fleet_env())
     prov.start()
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -141,7 +142,10 @@ def fanout_once(ctx: Context, app: Any, url: str, *, jobs: int, groups: int,
         "jobs": jobs, "groups": groups, "rate_sum": rate_sum, "group_rate": rate,
         "group_burst": burst, "processes": processes or 1, "concurrency": concurrency,
         "enqueue_s": enq[0], "requests": st["requests"], "accepted": st["accepted"],
-        "limited": st["limited"], "distinct": st["distinct"], "lost": jobs - st["distinct"],
+        "limited": st["limited"], "clock": st["clock"],
+        "limited_other_clock": st["limited_other_clock"],
+        "limited_other_fraction": st["limited_other_clock"] / max(st["requests"], 1),
+        "distinct": st["distinct"], "lost": jobs - st["distinct"],
         "doubles": st["doubles"], "double_ids": st["double_ids"],
         "dead": qs.dead, "span_s": span, "achieved_per_s": st["accepted"] / span,
         "rate_vs_limit": st["accepted"] / span / rate_sum,
@@ -150,8 +154,11 @@ def fanout_once(ctx: Context, app: Any, url: str, *, jobs: int, groups: int,
         "finish_spread": (latest - earliest) / latest,
         "per_group_accepted": {g: senders[g]["accepted"] for g in finish},
         "per_group_limited": {g: senders[g]["limited"] for g in finish},
-        "limited_at_s": [(g, round(t - first, 4), round(tok, 3))
-                         for g, t, tok in st["limited_at"]],
+        # each 429: sender, arrival (s from the first request), tokens, arrival - sent
+        "limited_at_s": [(g, round(t - first, 4), round(tok, 3), round(t - sent, 4))
+                         for g, t, tok, sent in st["limited_at"]],
+        "provider_stalls": [(round(t - first, 4), round(d, 4)) for t, d in st["stalls"]
+                            if t >= first],
         "groups_finished": sum(1 for g in names
                                if senders.get(g, {}).get("accepted", 0) == per[names.index(g)]),
     }
@@ -159,18 +166,18 @@ def fanout_once(ctx: Context, app: Any, url: str, *, jobs: int, groups: int,
 
 def run_fanout(ctx: Context, rec: dict[str, Any], *, jobs: int, repeat: int, groups: int,
                rate_sum: float, burst: int | None, latency_ms: float,
-               processes: int | None, concurrency: int) -> list[Row]:
+               processes: int | None, concurrency: int, clock: str = "sent") -> list[Row]:
     rate = rate_sum / groups
     b = burst or max(1, round(rate / 10))
     procs = processes or os.cpu_count() or 1
     app = make_app(ctx.url, ctx.namespace)
-    prov, url = start_provider(ctx, rate, b, latency_ms)
+    prov, url = start_provider(ctx, rate, b, latency_ms, clock)
     cfg = (f"{jobs:,} messages, {groups} groups x {rate:g}/s burst {b} (sum {rate_sum:g}/s), "
-           f"provider {latency_ms:g} ms, -p {procs} -c {concurrency}")
+           f"provider {latency_ms:g} ms, {clock} clock, -p {procs} -c {concurrency}")
     row = Row(f"fanout: {cfg}", {"jobs": jobs, "groups": groups, "rate_sum": rate_sum,
                                  "group_rate": rate, "group_burst": b,
                                  "latency_ms": latency_ms, "processes": procs,
-                                 "concurrency": concurrency})
+                                 "concurrency": concurrency, "clock": clock})
     try:
         for i in range(repeat):
             r = fanout_once(ctx, app, url, jobs=jobs, groups=groups, rate_sum=rate_sum,
@@ -179,6 +186,9 @@ def run_fanout(ctx: Context, rec: dict[str, Any], *, jobs: int, repeat: int, gro
             row.add("achieved/s", r["achieved_per_s"], "msg/s")
             row.add("achieved / limit sum", r["rate_vs_limit"])
             row.add("429s", 100 * r["limited_fraction"], "% of requests")
+            other = "arrival" if clock == "sent" else "sent"
+            row.add(f"429s on the {other} clock", 100 * r["limited_other_fraction"],
+                    "% of requests")
             row.add("finish spread", 100 * r["finish_spread"], "% of latest")
             row.add("lost", r["lost"], "msgs")
             row.add("doubled", r["doubles"], "msgs")

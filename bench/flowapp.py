@@ -44,7 +44,7 @@ class Client:
         reader, writer = conn
         try:
             writer.write(f"POST {path} HTTP/1.1\r\nHost: {self.netloc}\r\n"
-                         "Content-Length: 0\r\n\r\n".encode())
+                         f"X-Sent: {time.time():.6f}\r\nContent-Length: 0\r\n\r\n".encode())
             status = int((await reader.readline()).split()[1])
             headers: dict[bytes, bytes] = {}
             while (line := await reader.readline()) not in (b"\r\n", b""):
