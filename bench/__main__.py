@@ -92,10 +92,14 @@ def add_scenario_args(p: argparse.ArgumentParser, scenario: str) -> None:
                        help="sum of the per-group limits in messages/s (default 2000, "
                        "--quick 400)")
         p.add_argument("--group-burst", type=int, default=None,
-                       help="burst of each group, queue and provider alike (default: a "
-                       "tenth of a second's worth)")
+                       help="burst of each group's queue limit, and of the provider's "
+                       "bucket unless --provider-burst (default: a tenth of a second's "
+                       "worth)")
         p.add_argument("--latency-ms", type=float, default=50.0,
                        help="the provider's answer time (default 50 ms)")
+        p.add_argument("--provider-burst", type=float, default=None,
+                       help="the provider's bucket size per sender (default: the same as "
+                       "the queue's group burst)")
         p.add_argument("--clock", choices=("sent", "arrival"), default="sent",
                        help="the provider judges its buckets by the handlers' send time "
                        "(default) or by when it read the request (see bench/README.md)")
@@ -189,7 +193,8 @@ def _run_scenario(args: argparse.Namespace) -> int:
             ctx, rec, jobs=jobs, repeat=repeat, groups=args.groups or (4 if quick else 20),
             rate_sum=args.rate_sum or (400.0 if quick else 2000.0), burst=args.group_burst,
             latency_ms=args.latency_ms, processes=args.processes,
-            concurrency=args.concurrency, clock=args.clock),
+            concurrency=args.concurrency, clock=args.clock,
+            provider_burst=args.provider_burst),
         "groups": lambda ctx, rec: run_groups(
             ctx, rec, jobs=jobs, repeat=repeat, groups=args.groups or (20 if quick else 1000),
             queue_rate=args.queue_rate, processes=args.processes,

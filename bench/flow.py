@@ -87,6 +87,19 @@ def max_window(times: list[float], width: float = 1.0) -> int:
     return best
 
 
+def windows_over(times: list[float], bound: float, width: float = 1.0,
+                 most: int = 20) -> list[tuple[float, int]]:
+    """Windows ``(t - width, t]`` holding more than ``bound`` times: (t, count), the
+    first ``most`` of them (t as given; times sorted)."""
+    out, j = [], 0
+    for i, t in enumerate(times):
+        while times[j] <= t - width:
+            j += 1
+        if i - j + 1 > bound and len(out) < most:
+            out.append((t, i - j + 1))
+    return out
+
+
 def group_names(n: int) -> list[str]:
     return [f"sender{i:04d}" for i in range(n)]
 
@@ -166,18 +179,22 @@ def fanout_once(ctx: Context, app: Any, url: str, *, jobs: int, groups: int,
 
 def run_fanout(ctx: Context, rec: dict[str, Any], *, jobs: int, repeat: int, groups: int,
                rate_sum: float, burst: int | None, latency_ms: float,
-               processes: int | None, concurrency: int, clock: str = "sent") -> list[Row]:
+               processes: int | None, concurrency: int, clock: str = "sent",
+               provider_burst: float | None = None) -> list[Row]:
     rate = rate_sum / groups
     b = burst or max(1, round(rate / 10))
+    pb = provider_burst or b
     procs = processes or os.cpu_count() or 1
     app = make_app(ctx.url, ctx.namespace)
-    prov, url = start_provider(ctx, rate, b, latency_ms, clock)
+    prov, url = start_provider(ctx, rate, pb, latency_ms, clock)
     cfg = (f"{jobs:,} messages, {groups} groups x {rate:g}/s burst {b} (sum {rate_sum:g}/s), "
-           f"provider {latency_ms:g} ms, {clock} clock, -p {procs} -c {concurrency}")
+           f"provider {latency_ms:g} ms burst {pb:g}, {clock} clock, -p {procs} "
+           f"-c {concurrency}")
     row = Row(f"fanout: {cfg}", {"jobs": jobs, "groups": groups, "rate_sum": rate_sum,
                                  "group_rate": rate, "group_burst": b,
                                  "latency_ms": latency_ms, "processes": procs,
-                                 "concurrency": concurrency, "clock": clock})
+                                 "concurrency": concurrency, "clock": clock,
+                                 "provider_burst": pb})
     try:
         for i in range(repeat):
             r = fanout_once(ctx, app, url, jobs=jobs, groups=groups, rate_sum=rate_sum,
@@ -331,6 +348,10 @@ def ratecheck_once(ctx: Context, app: Any, *, duration_s: float, rate: float, bu
         "limited_jobs": n_limited, "started": len(ticks), "distinct": len(runs),
         "lost": total - len(runs), "doubles": sum(1 for n in runs.values() if n > 1),
         "max_window": max_window(times), "bound": rate + burst,
+        "windows_over": [(round(t - times[0], 4), n)
+                         for t, n in windows_over(times, rate + burst)],
+        "group_windows_over": [(round(t - times[0], 4), n)
+                               for t, n in windows_over(gtimes, group_rate + group_burst)],
         "group_max_window": max_window(gtimes), "group_bound": group_rate + group_burst,
         "mean_rate": (len(times) - 1) / max(times[-1] - times[0], 1e-9),
         "group_mean_rate": (len(gtimes) - 1) / max(gtimes[-1] - gtimes[0], 1e-9),

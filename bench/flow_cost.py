@@ -1,0 +1,132 @@
+"""``python -m bench.flow_cost``: where a grouped drain's time goes on the server.
+
+No workers: this process pops (``pop.lua``, ``--batch`` jobs per call) until the queue
+is empty, then acks every lease (``ack.lua``, one call per popped batch), and reads the
+server's own time for each phase (``INFO commandstats`` usec, reset before each).
+Cases: plain jobs; plain jobs under a queue-wide rate limit of 1,000,000/s; the same
+jobs in ``--groups`` groups; the grouped jobs with modified copies of the scripts (built
+in memory from the shipped ones and loaded with SCRIPT LOAD; ``batchq/scripts`` is not
+touched):
+
+* ``ack: gwait only if blocked``: ``gsettle`` looks up each settled group's gwait score
+  (to wake a group that waits for a concurrency slot) only when some group is blocked
+  at all (one ZRANGEBYSCORE per call instead of one ZSCORE per group);
+* ``pop: quantum Q``: a group's turn serves up to ``Q`` jobs, so a pop of 100 jobs
+  visits ``ceil(100 / Q)`` groups instead of 100 (one ZRANGEBYLEX, one ZADD member, one
+  running-count HINCRBY per group and turn; the acks then settle fewer groups each).
+
+Prints microseconds of server time per job (pop, ack, total), medians over
+``--repeat``. An embedded Valkey unless ``--redis-url``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from typing import Any
+
+from batchq.scripts import calls, source
+
+from .apps import QUEUE
+from .harness import Context
+from .throughput import _items
+
+GSETTLE = "local function gsettle(gstate, gwait, wake, ids, finished)\n"
+ZSCORE = "    if tonumber(redis.call('ZSCORE', gwait, g) or '0') >= BLOCKED then"
+SEL = "local sel = want > 0 and redis.call('ZRANGE', groups, 0, want - 1, 'WITHSCORES') or {}"
+
+
+def ack_blocked_only(src: str) -> str:
+    if GSETTLE not in src or ZSCORE not in src:
+        raise RuntimeError("gsettle changed: update bench/flow_cost.py")
+    src = src.replace(GSETTLE, GSETTLE + "  local any_blocked = #redis.call('ZRANGEBYSCORE', "
+                      "gwait, BLOCKED, '+inf', 'LIMIT', 0, 1) > 0\n")
+    return src.replace(ZSCORE, ZSCORE.replace("if ", "if any_blocked and ", 1))
+
+
+def pop_quantum(src: str, q: int) -> str:
+    if SEL not in src:
+        raise RuntimeError("pop.lua's group selection changed: update bench/flow_cost.py")
+    return src.replace(SEL, SEL.replace("want - 1", f"math.ceil(want / {q}) - 1"))
+
+
+def _server_usec(ctx: Context) -> int:
+    return sum(int(v["usec"]) for v in ctx.client.info("commandstats").values())
+
+
+def once(ctx: Context, jobs: int, groups: int, pop_src: str, ack_src: str,
+         batch: int, queue_rate: float | None = None) -> tuple[float, float]:
+    ctx.reset()
+    q = ctx.app.queue(QUEUE)
+    q.remove_limit()
+    noop = ctx.app.tasks["noop"]
+    if groups:
+        per = [jobs // groups + (1 if i < jobs % groups else 0) for i in range(groups)]
+        for g, n in enumerate(per):
+            noop.options(group=f"g{g}").enqueue_many(_items(n, None))
+    else:
+        noop.enqueue_many(_items(jobs, None))
+    if queue_rate:
+        q.limit(rate_per_s=queue_rate)
+    k = ctx.app.keys(QUEUE)
+    r: Any = ctx.client
+    pop_sha, ack_sha = r.script_load(pop_src), r.script_load(ack_src)
+    batches = []
+    r.config_resetstat()
+    while True:
+        c = calls.pop(k, batch, 600_000, 100)
+        got = r.evalsha(pop_sha, len(c.keys), *c.keys, *c.args)[10:]
+        if not got:
+            break
+        batches.append([j.split(b":", 4)[3] + b":" + j.split(b":", 4)[1] for j in got])
+    pop_us = _server_usec(ctx)
+    r.config_resetstat()
+    for leases in batches:
+        c = calls.ack(k, leases)
+        r.evalsha(ack_sha, len(c.keys), *c.keys, *c.args)
+    ack_us = _server_usec(ctx)
+    q.remove_limit()
+    n = sum(map(len, batches))
+    if n != jobs:
+        raise RuntimeError(f"popped {n} of {jobs} jobs")
+    return pop_us / n, ack_us / n
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.flow_cost", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--redis-url", default=None)
+    p.add_argument("--jobs", type=int, default=50_000)
+    p.add_argument("--groups", type=int, default=500)
+    p.add_argument("--batch", type=int, default=100)
+    p.add_argument("--quantum", type=int, default=10)
+    p.add_argument("--repeat", type=int, default=3)
+    a = p.parse_args(argv)
+    pop, ack = source("pop"), source("ack")
+    ack2 = ack_blocked_only(ack)
+    cases: list[tuple[str, int, str, str, float | None]] = [
+             ("plain jobs, shipped scripts", 0, pop, ack, None),
+             ("plain jobs, queue limit 1,000,000/s", 0, pop, ack, 1e6),
+             (f"{a.groups} groups, shipped scripts", a.groups, pop, ack, None),
+             (f"{a.groups} groups, ack: gwait only if blocked", a.groups, pop, ack2, None),
+             (f"{a.groups} groups, that + pop: quantum {a.quantum}", a.groups,
+              pop_quantum(pop, a.quantum), ack2, None)]
+    got: dict[str, list[tuple[float, float]]] = {c[0]: [] for c in cases}
+    with Context(a.redis_url) as ctx:
+        for _ in range(a.repeat):
+            for name, groups, ps, acs, rate in cases:
+                got[name].append(once(ctx, a.jobs, groups, ps, acs, a.batch, rate))
+    print(f"server time per job, {a.jobs:,} jobs, pop batch {a.batch}, median of {a.repeat}")
+    print("| case | pop (us/job) | ack (us/job) | total (us/job) | vs plain |")
+    print("|---|---|---|---|---|")
+    base = 0.0
+    for name, vals in got.items():
+        pu = statistics.median(v[0] for v in vals)
+        au = statistics.median(v[1] for v in vals)
+        tot = statistics.median(v[0] + v[1] for v in vals)
+        base = base or tot
+        print(f"| {name} | {pu:.2f} | {au:.2f} | {tot:.2f} | {tot / base:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
