@@ -23,7 +23,7 @@ from typing import Any
 import redis
 
 from .keys import QueueKeys
-from .limits import DEFAULT_FIELD, QUEUE_FIELD, GroupState, Limit, group_name
+from .limits import DEFAULT_FIELD, DEFAULT_GROUP, QUEUE_FIELD, GroupState, Limit, group_name
 from .stats import QueueStats
 
 BLOCKED = 1e15
@@ -108,6 +108,24 @@ def _limit(fieldname: str, value: Any) -> Limit | None:
         return Limit.decode(fieldname, _text(value))
     except (TypeError, ValueError):
         return None
+
+
+def all_limits(client: redis.Redis, k: QueueKeys) -> tuple[list[Limit], list[str]]:
+    """Every limit of a queue, ordered as ``limits.limits`` orders them, and apart the
+    fields whose value is not a valid limit (written by hand): ``batchq limit list``
+    shows those instead of failing."""
+    raw: dict[Any, Any] = client.hgetall(k.limits)
+    good: list[Limit] = []
+    bad: list[str] = []
+    for f, v in raw.items():
+        lim = _limit(_text(f), v)
+        if lim is None:
+            bad.append(group_name(_text(f)))
+        else:
+            good.append(lim)
+    good.sort(key=lambda x: (x.group is not None, x.group != DEFAULT_GROUP,
+                             x.group or ""))
+    return good, sorted(bad)
 
 
 def read(client: redis.Redis, queues: Sequence[QueueKeys], *, groups: int = WAITING_SHOWN,

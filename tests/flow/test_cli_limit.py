@@ -197,3 +197,37 @@ def test_info_lists_at_most_ten_waiting_groups(app: batchq.App, queue_name: str,
     assert [w["group"] for w in out["waiting_groups"]] == ["g14", "g13", "g12"]
     text = cli(["limit", "list", queue_name, "--groups", "3"], env).stdout
     assert "(3 of 15 waiting groups shown; --groups N for more)" in text
+
+
+def test_limits_and_groups_written_by_hand_never_crash(app: batchq.App, queue_name: str,
+                                                       env: dict[str, str | None]) -> None:
+    from batchq import flow_metrics
+
+    q = app.queue(queue_name)
+    k = app.keys(queue_name)
+    app.tasks["work"].options(queue=queue_name, group="ok").enqueue("x")
+    q.limit(group="ok", concurrency=2)
+    app.redis.hset(k.limits, mapping={"~q": "-5,,,,", "zz": "a,b", "6269": "1,1,-3,,"})
+    app.redis.hset(k.gstate, "6f6b:run", "lots")
+    app.redis.zadd(k.gwait, {"6f6b": 1e18})  # blocked
+
+    res = cli(["limit", "list", queue_name, "--json"], env)
+    out = json.loads(res.stdout)
+    assert [x["group"] for x in out["limits"]] == ["ok", "zz"]  # "zz": all fields empty
+    assert "the limit of (queue) is not a valid limit" in res.stderr
+    assert "the limit of 'bi' is not a valid limit" in res.stderr
+    assert out["waiting_groups"][0]["state"] == "blocked"
+    snap = json.loads(cli(["info", "--json"], env).stdout)
+    assert snap["queues"][queue_name]["flow"]["limits_total"] == 4
+    cli(["info"], env)
+    fams = {f.name: f for f in flow_metrics.limit_families(app.redis, [k])}
+    assert [s.labels["group"] for s in fams["batchq_limit_concurrency_used_ratio"].samples] \
+        == ["ok"]
+
+    app.redis.delete(k.gwait, k.limits)
+    app.redis.set(k.gwait, "not a zset")
+    app.redis.set(k.limits, "not a hash")
+    cli(["info", "--json"], env)
+    assert list(flow_metrics.limit_families(app.redis, [k]))
+    res = cli(["limit", "list", queue_name], env, code=1)
+    assert "WRONGTYPE" in res.stderr
