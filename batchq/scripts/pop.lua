@@ -324,7 +324,11 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
     if items then
       plain = plain - #items
       want = want - #items
-      for _, e in ipairs(items) do lanes[1][#lanes[1] + 1] = e end
+      if #sel == 0 then
+        for _, e in ipairs(items) do take(e) end  -- no groups: no turns to take
+      else
+        for _, e in ipairs(items) do lanes[1][#lanes[1] + 1] = e end
+      end
     end
   end
   if #sel > 0 and want > 0 then
@@ -389,7 +393,7 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   end
   -- reserve in turns, so a batch alternates between the groups (and the plain lists)
   local running = {}
-  for j = 1, asked do
+  for j = 1, (#sel > 0 and asked or 0) do
     local any = false
     for i, lane in ipairs(lanes) do
       local e = lane[j]
