@@ -142,16 +142,13 @@ def _flow_lines(qs: dict[str, dict[str, Any]]) -> list[str]:
         held = f", queue held {duration(f['held_s'])}" if f["held_s"] else ""
         lines.append(f"  {text(name)}: {f['grouped']} grouped jobs ready, groups "
                      f"{f['groups_ready']} ready / {f['groups_waiting']} waiting{held}")
-        if f["limits"]:
-            more = f["limits_total"] - len(f["limits"])
-            lines.append("    limits: " + "; ".join(_limit_text(x) for x in f["limits"])
-                         + (f" (+{more} more: batchq limit list)" if more > 0 else ""))
-        if f["waiting_groups"]:
-            shown = ", ".join(
-                f"{text(g['group'])} {wait_text(g['state'], g['until_s'])} "
-                f"(pending {g['pending']}, running {g['running']})"
-                for g in f["waiting_groups"])
-            lines.append(f"    waiting: {shown}")
+        lines += [f"    limit {_limit_text(x)}" for x in f["limits"]]
+        more = f["limits_total"] - len(f["limits"])
+        if more > 0:
+            lines.append(f"    (+{more} more limits: batchq limit list {text(name)})")
+        lines += [f"    waiting {text(g['group'])}: {wait_text(g['state'], g['until_s'])} "
+                  f"(pending {g['pending']}, running {g['running']})"
+                  for g in f["waiting_groups"]]
     return lines
 
 

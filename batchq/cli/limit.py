@@ -200,7 +200,7 @@ def add_commands(sub: Any) -> None:
     acts = top.add_subparsers(dest="action", required=True, metavar="{set,list,rm}")
 
     p = acts.add_parser(
-        "set", help="set (replace) the limit of the queue or of a group",
+        "set", prog="batchq limit set", help="set (replace) the limit of the queue or of a group",
         usage=USAGE.format(action="set", flags=SET_FLAGS),
         description="Replace the limit of the queue (no --group), of group G, or of "
         "every group without a limit of its own (--group '*'); flags not given are not "
@@ -222,7 +222,8 @@ def add_commands(sub: Any) -> None:
                    metavar="W", help="a group's share of the turns (default 1)")
     p.set_defaults(handler=guarded("limit set", cmd_set))
 
-    p = acts.add_parser("list", help="the limits of a queue and the groups that wait now",
+    p = acts.add_parser("list", prog="batchq limit list",
+                        help="the limits of a queue and the groups that wait now",
                         usage="batchq limit list [MODULE:APP] QUEUE [--groups N] [--json] "
                         "[--redis-url URL] [--namespace NS]")
     _common(p, None)
@@ -231,7 +232,8 @@ def add_commands(sub: Any) -> None:
                    f"{WAITING_DEFAULT})")
     p.set_defaults(handler=guarded("limit list", cmd_list))
 
-    p = acts.add_parser("rm", help="remove the limit of the queue or of a group",
+    p = acts.add_parser("rm", prog="batchq limit rm",
+                        help="remove the limit of the queue or of a group",
                         usage=USAGE.format(action="rm", flags=""))
     _common(p, "the group whose limit goes (default: the queue's own; '*': the default "
             "limit of every group)")

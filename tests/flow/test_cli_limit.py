@@ -175,9 +175,9 @@ def test_info_shows_limits_and_held_groups(app: batchq.App, queue_name: str,
     assert "flow control:" in text
     assert f"  {queue_name}: 4 grouped jobs ready, groups 1 ready / 1 waiting, queue held" \
         in text
-    assert "limits: (queue) rate 100/s burst 100; acme concurrency 5 (running 0) " \
-        "[waiting]" in text
-    assert "waiting: acme held 4m" in text and "(pending 3, running 0)" in text
+    assert "    limit (queue) rate 100/s burst 100\n" in text
+    assert "    limit acme concurrency 5 (running 0) [waiting]\n" in text
+    assert "    waiting acme: held 4m" in text and "(pending 3, running 0)" in text
 
 
 def test_info_lists_at_most_ten_waiting_groups(app: batchq.App, queue_name: str,
