@@ -6,10 +6,11 @@ Bounded whatever the producers do: never a scan over all the groups of a queue. 
 any number of queues it is two pipelined round trips (the second only when some queue
 has limits or waiting groups):
 
-1. ``TIME``, and per queue the queue's own limit, one ``HSCAN`` page of the limits hash
-   (at most ``limits`` group limits kept), its size, the running count of the queue
-   (leases), and the ``groups + 1`` groups of ``gwait`` that wait longest (blocked ones,
-   at a concurrency limit, first; then the longest holds);
+1. ``TIME``, and per queue the queue's own limit and the default one (``"*"``), one
+   ``HSCAN`` page of the limits hash (at most ``limits`` group limits kept), its size,
+   the running count of the queue (leases), and the ``groups + 1`` groups of ``gwait``
+   that wait longest (blocked ones, at a concurrency limit, first; then the longest
+   holds);
 2. per queue the counters of those groups and of the limited ones (``gstate``) and
    whether each limited group waits or is in the rotation now.
 """
@@ -138,6 +139,7 @@ def read(client: redis.Redis, queues: Sequence[QueueKeys], *, groups: int = WAIT
     pipe.execute_command("TIME")  # type: ignore[no-untyped-call]
     for k in queues:
         pipe.hget(k.limits, QUEUE_FIELD)
+        pipe.hget(k.limits, DEFAULT_FIELD)
         pipe.hscan(k.limits, 0, count=limits)
         pipe.hlen(k.limits)
         pipe.zcard(k.reserved)
@@ -149,24 +151,18 @@ def read(client: redis.Redis, queues: Sequence[QueueKeys], *, groups: int = WAIT
     firsts: list[tuple[QueueKeys, list[LimitUse], list[tuple[str, Limit]], int,
                        list[tuple[str, float]]]] = []
     for j, k in enumerate(queues):
-        qlim, page, total, reserved, waiting = res[1 + 5 * j : 6 + 5 * j]
+        qlim, dlim, page, total, reserved, waiting = res[1 + 6 * j : 7 + 6 * j]
         uses: list[LimitUse] = []
         own = _limit(QUEUE_FIELD, qlim) if isinstance(qlim, bytes | str) else None
         if own is not None:
             uses.append(LimitUse(own, running=_int(reserved)))
         glims: list[tuple[str, Limit]] = []
-        default: Limit | None = None
+        default = _limit(DEFAULT_FIELD, dlim) if isinstance(dlim, bytes | str) else None
         if isinstance(page, list | tuple) and len(page) == 2 and isinstance(page[1], dict):
             for f, v in page[1].items():
                 name = _text(f)
-                if name == QUEUE_FIELD:
-                    continue
-                lim = _limit(name, v)
-                if lim is None:
-                    continue
-                if name == DEFAULT_FIELD:
-                    default = lim
-                else:
+                lim = None if name in (QUEUE_FIELD, DEFAULT_FIELD) else _limit(name, v)
+                if lim is not None:
                     glims.append((name, lim))
         glims = sorted(glims, key=lambda x: x[1].group or "")[:limits]
         if default is not None:

@@ -38,6 +38,9 @@ from .common import (
 from .flags import seconds
 
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
+LIMITS_LISTED = 10
+"""Limits of a queue the text of ``batchq info`` lists (``--json``: up to 50 group
+limits; ``batchq limit list``: all)."""
 
 
 def _problems(snap: dict[str, Any]) -> list[str]:
@@ -142,8 +145,8 @@ def _flow_lines(qs: dict[str, dict[str, Any]]) -> list[str]:
         held = f", queue held {duration(f['held_s'])}" if f["held_s"] else ""
         lines.append(f"  {text(name)}: {f['grouped']} grouped jobs ready, groups "
                      f"{f['groups_ready']} ready / {f['groups_waiting']} waiting{held}")
-        lines += [f"    limit {_limit_text(x)}" for x in f["limits"]]
-        more = f["limits_total"] - len(f["limits"])
+        lines += [f"    limit {_limit_text(x)}" for x in f["limits"][:LIMITS_LISTED]]
+        more = f["limits_total"] - min(len(f["limits"]), LIMITS_LISTED)
         if more > 0:
             lines.append(f"    (+{more} more limits: batchq limit list {text(name)})")
         lines += [f"    waiting {text(g['group'])}: {wait_text(g['state'], g['until_s'])} "
