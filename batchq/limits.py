@@ -58,6 +58,12 @@ def group_hex(group: str) -> str:
     return group.encode("utf-8").hex()
 
 
+def group_of(job_id: str) -> str:
+    """The hex group in a job id ("" for a job without one)."""
+    _, _, tail = job_id.partition("~")
+    return tail.removesuffix("_m")
+
+
 def group_name(hexname: str | bytes) -> str:
     """``group_hex`` undone (a malformed name comes back as it is)."""
     text = hexname.decode() if isinstance(hexname, bytes) else hexname

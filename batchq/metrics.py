@@ -29,7 +29,7 @@ from collections.abc import Iterable, Iterator
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import periodic, stats
+from . import flow_metrics, periodic, stats
 from .clients import Clients
 
 if TYPE_CHECKING:
@@ -215,8 +215,10 @@ def bump(d: dict[Any, int], key: Any, n: int = 1) -> None:
 
 
 class QueueCollector:
-    """Queue depths, ages and enqueue counts, read from Redis once per scrape, and the
-    periodic tasks' last and next runs (``periodic.periodic_metrics``).
+    """Queue depths, ages and enqueue counts, read from Redis once per scrape, the
+    flow-control gauges (``flow_metrics``: grouped jobs, groups by state, holds, and the
+    use of each limit, bounded per queue), and the periodic tasks' last and next runs
+    (``periodic.periodic_metrics``).
 
     Never drops a scrape over data: a malformed name in the registry of queues is
     skipped and counted (``batchq_queue_names_malformed``), and a ready list whose head
@@ -278,6 +280,13 @@ class QueueCollector:
             for outcome in ("succeeded", "dead", "retried"):
                 done.add_metric([name, outcome], snap.outcomes[outcome])
         yield from (jobs, age, lag, paused, malformed, enq, done, bad_names, up)
+        yield from flow_metrics.queue_families(snaps)
+        try:  # limits and the groups that wait; never at the cost of the above
+            fams = flow_metrics.limit_families(c.redis, [c.keys(s.name) for s in snaps])
+        except Exception as exc:
+            log.warning("cannot read the flow-control metrics from Redis: %s", exc)
+        else:
+            yield from fams
         try:  # the periodic tasks' last and next runs; never at the cost of the above
             fams = periodic.periodic_metrics(self.app)
         except Exception as exc:

@@ -7,9 +7,9 @@ reads only; actions (pause, retry, purge) stay on :class:`batchq.queue.Queue`.
 Every queue read is one pipelined round trip for the whole page of queues (200 queues:
 one pipeline, not 200 calls), with the server's ``TIME`` in the same pipeline so ages use
 the Redis clock (``batchq.stats.read``, the reader ``Queue.stats`` and ``/metrics``
-share, which never fails on data written by hand). Sections that later issues add
-(campaigns, groups and limits) get their own reader here next to these, and a key of
-their own in the console's overview.
+share, which never fails on data written by hand). Flow control (limits, groups that
+wait, holds) is read by ``batchq.flow_view`` in two more pipelined round trips, bounded
+per queue, and shown under the queue's ``flow`` key when the queue uses it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from . import stats
+from . import flow_view, stats
 from .periodic import periodic_status
 from .stats import QueueStats
 from .worker import registry as worker_registry
@@ -108,10 +108,19 @@ def snapshot(app: App, app_queues: Iterable[str] = ()) -> dict[str, Any]:
     queue, the live workers and the periodic tasks. Data written by hand never fails it:
     a name in the registry that is not a queue name is listed with an ``error``, a head
     that is not a job in ``malformed_heads``, and periodic tasks that cannot be read
-    leave ``periodic`` empty with a ``periodic_error``."""
+    leave ``periodic`` empty with a ``periodic_error``. A queue that uses flow control
+    has a ``flow`` entry: grouped jobs, groups ready and waiting, seconds left of a hold
+    of the whole queue, its limits (at most ``flow_view.LIMITS_SHOWN`` group limits) and
+    up to ``flow_view.WAITING_SHOWN`` groups that wait now, blocked and longest held
+    first (``flow_view.info``)."""
     names, bad = _names(app, app_queues)
     views = read_queues(app, names) if names else {}
+    flows = flow_view.read(app.redis, [app.keys(n) for n in names]) if names else {}
     queues = {n: views[n].info() for n in names}
+    for n in names:
+        flow = flow_view.info(flows.get(n), views[n].stats)
+        if flow is not None:
+            queues[n]["flow"] = flow
     for raw in bad:
         queues[raw.decode("utf-8", "backslashreplace")] = {
             "error": "not a valid queue name (written by hand?)"}

@@ -73,7 +73,7 @@ class Plan:
         """The id and the entry of a job whose body is ``body``."""
         jid = codec.new_id(self.ref, seq() if seq else None)  # no number for a bad job
         if self.group:
-            jid += "~" + self.group
+            jid += "~" + self.group  # before a tracked job's mark
         if self.tracked:
             jid += tracked.TRACKED_SUFFIX  # the sequence part, then the mark
         e = b"%s%s:%s" % (self.head, jid.encode(), body)
@@ -122,9 +122,6 @@ def plan(src: PlanSource, task: str, queue: str, priority: int, max_attempts: in
     """Resolve one enqueue call's target and header; refuses (naming the option) any
     value the scripts or the worker could not handle. ``campaign`` / ``keyed`` (dedup
     keys given) make the jobs tracked; ``group``: the jobs' group (flow control)."""
-    if group is not None and (campaign is not None or keyed):
-        raise ValueError("group cannot be combined with campaign or key yet: give the "
-                         "group's jobs their own queue, or leave out the group")
     due: tuple[str, int] | None = None
     if delay_s is not None and _check_seconds("delay_s", delay_s, MAX_DELAY_S) > 0:
         due = ("rel", round(delay_s * 1000))

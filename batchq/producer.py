@@ -168,13 +168,13 @@ class _Stream:
         for (ids, _), res in zip(window, results, strict=True):
             if isinstance(res, BaseException):
                 first_error = first_error or res
+            elif self.p.group and res == -2:
+                quota = True  # this chunk was not written (a smaller later one may be)
             elif self.p.tracked:
                 try:
                     self.written.extend(tracked.ids_of(self.p.campaign, ids, res))
                 except (CampaignClosed, tracked.NotJoined) as exc:
                     first_error = first_error or exc
-            elif self.p.group and res == -2:
-                quota = True  # this chunk was not written (a smaller later one may be)
             else:
                 self.written.extend(ids)
         if first_error is None and quota:

@@ -3,11 +3,12 @@ code from ``batchq.exitcodes`` (0 ok, 1 error, 2 usage, 3 cannot import the app,
 reach Redis).
 
 One module per command family: ``worker`` (worker, server), ``info``, ``dead``,
-``control`` (pause, resume, check), ``enqueue``, ``bench``, ``web``; ``common`` holds
-output, secret scrubbing, exit-code mapping and target resolution, ``flags`` the checked
-flag types. Nothing outside this package imports it but the ``python -m`` entry points
-(``batchq.__main__``; ``batchq.web.__main__``, which is ``batchq web``); app loading
-lives in ``batchq.loading``.
+``limit`` (flow-control limits), ``control`` (pause, resume, check), ``enqueue``,
+``bench``, ``web``; ``common`` holds output, secret scrubbing, exit-code mapping and
+target resolution, ``flags`` the checked flag types. Nothing outside this package
+imports it but the ``python -m`` entry points (``batchq.__main__``;
+``batchq.web.__main__``, which is ``batchq web``); app loading lives in
+``batchq.loading``.
 
 A password given with ``--redis-url`` would be readable by every user in the process
 list (``/proc/PID/cmdline``) of the command and of every worker it forks. So before
@@ -37,7 +38,7 @@ URL_FLAG = "--redis-url"
 
 def _parser() -> argparse.ArgumentParser:
     from .. import __version__
-    from . import bench, campaign, control, dead, enqueue, info, web, worker
+    from . import bench, campaign, control, dead, enqueue, info, limit, web, worker
 
     p = argparse.ArgumentParser(prog="batchq", description="batchq: a Redis job queue")
     p.add_argument("--version", action="version", version=f"batchq {__version__}")
@@ -45,6 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_commands(sub)
     info.add_commands(sub)
     dead.add_commands(sub)
+    limit.add_commands(sub)
     campaign.add_commands(sub)
     enqueue.add_commands(sub)
     control.add_commands(sub)

@@ -87,6 +87,60 @@ def seconds_between(low: float, high: float) -> Callable[[str], float]:
     return parse
 
 
+def count_between(low: int, high: int) -> Callable[[str], int]:
+    """An integer from ``low`` to ``high``."""
+
+    def parse(raw: str) -> int:
+        v: int = _number(raw, int)
+        if not low <= v <= high:
+            raise argparse.ArgumentTypeError(f"must be {low} to {high}, got {v}")
+        return v
+
+    parse.__name__ = "count"
+    return parse
+
+
+def positive_number(high: float) -> Callable[[str], float]:
+    """A finite number in ``(0, high]``."""
+
+    def parse(raw: str) -> float:
+        v: float = _number(raw, float)
+        if not math.isfinite(v) or not 0 < v <= high:
+            raise argparse.ArgumentTypeError(
+                f"must be a number above 0 and at most {high:g}, got {raw.strip()!r}")
+        return v
+
+    parse.__name__ = "number"
+    return parse
+
+
+RATE_UNITS = {"s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def rate(high: float) -> Callable[[str], float]:
+    """A rate per second: ``100``, ``100/s``, ``600/m`` or ``36000/h``, in ``(0, high]``
+    per second once converted."""
+
+    def parse(raw: str) -> float:
+        value, slash, unit = raw.strip().partition("/")
+        per = RATE_UNITS.get(unit.strip().lower()) if slash else 1.0
+        if per is None:
+            raise argparse.ArgumentTypeError(
+                f"expected N, N/s, N/m or N/h, got {raw.strip()!r}")
+        v: float = _number(value, float)
+        if not math.isfinite(v) or v <= 0:
+            raise argparse.ArgumentTypeError(
+                f"must be a number of jobs per second above 0, got {raw.strip()!r}")
+        v /= per
+        if v > high:
+            raise argparse.ArgumentTypeError(
+                f"must be at most {high:g}/s, got {raw.strip()!r}")
+        return v
+
+    parse.__name__ = "rate"
+    return parse
+
+
 def boolean(raw: str) -> bool:
     if raw.lower() in ("1", "true", "yes", "on"):
         return True

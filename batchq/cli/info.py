@@ -19,6 +19,7 @@ from typing import Any
 import redis
 
 from .. import exitcodes
+from ..flow_view import WAITING_SHOWN
 from ..overview import snapshot
 from ..worker.registry import STALE_AFTER_S
 from .common import (
@@ -37,6 +38,9 @@ from .common import (
 from .flags import seconds
 
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
+LIMITS_LISTED = 10
+"""Limits of a queue the text of ``batchq info`` lists (``--json``: up to 50 group
+limits; ``batchq limit list``: all)."""
 
 
 def _problems(snap: dict[str, Any]) -> list[str]:
@@ -69,6 +73,7 @@ def render_info(t: Target, snap: dict[str, Any]) -> str:
         lines.append(table(["QUEUE", "READY", "DELAYED", "RESERVED", "DEAD", "PAUSED",
                             "OLDEST"], rows, right={1, 2, 3, 4, 6}))
         lines += [f"(!) {p}" for p in _problems(snap)]
+        lines += _flow_lines(qs)
     else:
         lines.append("no queues")
     lines.append("")
@@ -99,6 +104,55 @@ def render_info(t: Target, snap: dict[str, Any]) -> str:
     if ps:
         lines += ["", f"periodic tasks: {len(ps)}", _periodic_table(ps)]
     return "\n".join(lines)
+
+
+def limit_group(group: str | None) -> str:
+    """A limit's group as the CLI shows it: ``(queue)`` for the queue's own."""
+    return "(queue)" if group is None else text(group)
+
+
+def _limit_text(lim: dict[str, Any]) -> str:
+    bits = [limit_group(lim["group"])]
+    for key, label, unit in (("rate_per_s", "rate", "/s"), ("burst", "burst", ""),
+                             ("concurrency", "concurrency", ""),
+                             ("max_pending", "max_pending", ""), ("weight", "weight", "")):
+        if lim.get(key) is not None:
+            bits.append(f"{label} {lim[key]:g}{unit}")
+    if lim.get("running") is not None and lim.get("concurrency") is not None:
+        bits.append(f"(running {lim['running']})")
+    if lim.get("state") in ("waiting", "blocked"):
+        bits.append(f"[{lim['state']}]")
+    return " ".join(bits)
+
+
+def wait_text(state: str, until_s: float) -> str:
+    """How a waiting group waits: ``blocked`` (at its concurrency limit) or ``held
+    4m10s`` (a hold or its next rate token)."""
+    if state == "blocked":
+        return "blocked (concurrency)"
+    return f"held {duration(until_s)}" if until_s >= 1 else "throttled"
+
+
+def _flow_lines(qs: dict[str, dict[str, Any]]) -> list[str]:
+    """Per queue that uses flow control: its limits, groups and the groups that wait."""
+    lines: list[str] = []
+    for name, q in qs.items():
+        f = q.get("flow")
+        if not f:
+            continue
+        if not lines:
+            lines += ["", "flow control:"]
+        held = f", queue held {duration(f['held_s'])}" if f["held_s"] else ""
+        lines.append(f"  {text(name)}: {f['grouped']} grouped jobs ready, groups "
+                     f"{f['groups_ready']} ready / {f['groups_waiting']} waiting{held}")
+        lines += [f"    limit {_limit_text(x)}" for x in f["limits"][:LIMITS_LISTED]]
+        more = f["limits_total"] - min(len(f["limits"]), LIMITS_LISTED)
+        if more > 0:
+            lines.append(f"    (+{more} more limits: batchq limit list {text(name)})")
+        lines += [f"    waiting {text(g['group'])}: {wait_text(g['state'], g['until_s'])} "
+                  f"(pending {g['pending']}, running {g['running']})"
+                  for g in f["waiting_groups"]]
+    return lines
 
 
 def _periodic_table(ps: list[dict[str, Any]]) -> str:
@@ -154,7 +208,10 @@ def add_commands(sub: Any) -> None:
         description="Per queue: ready, delayed, reserved and dead jobs, whether it is "
         "paused and the age of its oldest ready job; then the live workers with the age "
         "of their last heartbeat; then the periodic tasks with their last and next run "
-        "and the leading process. A queue whose data cannot be read is flagged (!).")
+        "and the leading process. A queue whose data cannot be read is flagged (!). "
+        "Queues that use flow control also show their limits, grouped jobs, groups ready "
+        f"and waiting, a hold of the queue, and up to {WAITING_SHOWN} groups that wait "
+        "now (blocked or longest held first).")
     add_common(p)
     p.add_argument("--json", action="store_true",
                    help="print one JSON object {queues: {...}, workers: [...], "

@@ -328,10 +328,27 @@ local function next_token(t, lim, now)
   return now + math.max(1, math.ceil((1 - t) * 1000 / lim.rate))
 end
 
--- Jobs of groups that left (finished: they also leave the quota count "<g>:n", or were
--- only given back / retried: `finished` false) their leases: the groups' running counts
--- go down, and a group that waited for a concurrency slot is due again (wake token).
--- ids: job ids (only grouped ones count); a queue waiting for a slot ("~q:blk") too.
+-- Add delta[g] to field "<g><suffix>" of gstate for every group g in order: one HMGET
+-- and one HSET however many groups (a batch of 100 jobs may hold 100 groups).
+local function gadd(gstate, order, delta, suffix)
+  if #order == 0 then return end
+  local f = {}
+  for i, g in ipairs(order) do f[i] = g .. suffix end
+  local v = redis.call('HMGET', gstate, unpack(f))
+  local set = {}
+  for i, g in ipairs(order) do
+    set[#set + 1] = f[i]
+    set[#set + 1] = math.max(0, (tonumber(v[i]) or 0) + delta[g])
+  end
+  redis.call('HSET', gstate, unpack(set))
+end
+
+-- Jobs of groups that left their leases: finished (they also leave the quota count
+-- "<g>:n") or only given back / retried (`finished` false). The groups' running counts
+-- go down (a group's fields go once it has no unfinished job), and a group that waited
+-- for a concurrency slot is due again (wake token); so is a queue that waited for one
+-- ("~q:blk"). ids: job ids (only grouped ones count). A few commands per call, not per
+-- job or group.
 local function gsettle(gstate, gwait, wake, ids, finished)
   local per, order = {}, {}
   for _, id in ipairs(ids) do
@@ -342,16 +359,38 @@ local function gsettle(gstate, gwait, wake, ids, finished)
     end
   end
   local woke = false
-  for _, g in ipairs(order) do
-    local run = redis.call('HINCRBY', gstate, g .. ':run', -per[g])
-    local left = 1
-    if finished then left = redis.call('HINCRBY', gstate, g .. ':n', -per[g]) end
-    if run <= 0 and left <= 0 then
-      redis.call('HDEL', gstate, g .. ':run', g .. ':n')
+  if #order > 0 then
+    local f = {}
+    for i, g in ipairs(order) do
+      f[2 * i - 1] = g .. ':run'
+      f[2 * i] = g .. ':n'
     end
-    if tonumber(redis.call('ZSCORE', gwait, g) or '0') >= BLOCKED then
-      redis.call('ZADD', gwait, 0, g)
-      woke = true
+    local v = redis.call('HMGET', gstate, unpack(f))
+    local set, del = {}, {}
+    for i, g in ipairs(order) do
+      local run = math.max(0, (tonumber(v[2 * i - 1]) or 0) - per[g])
+      local n = tonumber(v[2 * i]) or 0
+      if finished then n = n - per[g] end
+      if n <= 0 and run == 0 then
+        del[#del + 1] = f[2 * i - 1]
+        del[#del + 1] = f[2 * i]
+      else
+        set[#set + 1] = f[2 * i - 1]
+        set[#set + 1] = run
+        set[#set + 1] = f[2 * i]
+        set[#set + 1] = math.max(n, 0)
+      end
+    end
+    if #set > 0 then redis.call('HSET', gstate, unpack(set)) end
+    if #del > 0 then redis.call('HDEL', gstate, unpack(del)) end
+    if redis.call('ZCARD', gwait) > 0 then
+      local sc = redis.call('ZMSCORE', gwait, unpack(order))
+      for i, g in ipairs(order) do
+        if sc[i] and tonumber(sc[i]) >= BLOCKED then
+          redis.call('ZADD', gwait, 0, g)
+          woke = true
+        end
+      end
     end
   end
   if #ids > 0 and redis.call('HDEL', gstate, QUEUE .. ':blk') == 1 then woke = true end

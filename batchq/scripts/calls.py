@@ -40,7 +40,7 @@ KEY_ORDER: dict[str, tuple[str, ...]] = {
     "enqueue_group": (*_GROUPS, "limits", "delayed", "wake", "inflight", "stats",
                       "pending", *_WAIT),
     "enqueue_tracked": ("ready", "delayed", "wake", "inflight", "stats", *_TRACKED,
-                        "pending", *_WAIT),
+                        "pending", *_WAIT, *_GROUPS, "limits"),
     "campaign_queue": ("campaigns", "reserved", "jobmeta"),
     "campaign_open": ("record",),
     "campaign_join": ("record", "queues"),

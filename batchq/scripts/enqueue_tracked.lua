@@ -10,6 +10,10 @@
 -- KEYS[10] pending hash: a delayed job's id -> its entry (cancel.lua, status.lua)
 -- KEYS[11] seq counter; KEYS[12..15] waiting bitmaps, slots 0..3: a ready job's bit
 --          (its id's sequence number, "-<hex>_m") is set, one SETBIT per job written
+-- KEYS[16] gready zset, KEYS[17] groups zset, KEYS[18] gwait zset, KEYS[19] gstate
+--          hash, KEYS[20] limits hash: jobs of a group (their ids end "~<g>_m", all of
+--          one call in one group) go to the group (see enqueue_group.lua), within its
+--          max_pending
 -- ARGV[1]  "1" when retrying a call whose reply was lost: a job whose jobmeta entry
 --          exists (written by the lost call) is not written again
 -- ARGV[2]  "ready", or "rel" / "abs" (delayed: ARGV[3] is a delay from the server's now,
@@ -22,7 +26,8 @@
 -- Returns  {0, written, position, id, position, id, ...}: the 1-based positions of jobs
 --          not written because their key is held, and the id holding it; or {1} when
 --          the campaign is not open on this queue yet (join it first), {2, flag} when
---          it is closed here (sealed, cancelled or done): nothing is written.
+--          it is closed here (sealed, cancelled or done): nothing is written; -2 when
+--          the jobs would take their group past its max_pending: nothing is written.
 local ready = KEYS[1]
 local delayed = KEYS[2]
 local wake = KEYS[3]
@@ -35,6 +40,11 @@ local dedup_exp = KEYS[9]
 local pending = KEYS[10]
 local seq = KEYS[11]
 local WAIT0 = 12  -- KEYS[WAIT0 + s] is the bitmap of slot s (0..3)
+local gready = KEYS[16]
+local groups = KEYS[17]
+local gwait = KEYS[18]
+local gstate = KEYS[19]
+local limits = KEYS[20]
 
 local check = ARGV[1] == '1'
 local mode = ARGV[2]
@@ -115,8 +125,25 @@ for pos = 1, n do
 end
 if #entries == 0 then return out end
 
+-- a group: its quota first (nothing is written past it)
+local g = string.find(metas[1], '~', 1, true) and group_of(metas[1])
+if g then
+  local lim = limit_of(redis.call('HGET', limits, g)) or limit_of(redis.call('HGET', limits, '*'))
+  if lim and lim.max
+      and tonumber(redis.call('HGET', gstate, g .. ':n') or '0') + #entries > lim.max then
+    return -2
+  end
+end
+
+if mode == 'ready' and g then
+  local p = tonumber(string.sub(entries[1], 1, 1))
+  local items = {}
+  for j, e in ipairs(entries) do items[j] = {g, p, e} end
+  gpush(gready, gstate, items, false)
+  gwake(groups, gwait, gstate, g)
+end
 if mode == 'ready' then
-  redis.call('RPUSH', ready, unpack(entries))
+  if not g then redis.call('RPUSH', ready, unpack(entries)) end
   -- the waiting bits (job_status / cancel): ids are metas[1], metas[3], ...
   local top = seq_top(seq)
   for j = 1, #metas, 2 do
@@ -145,6 +172,7 @@ if cid ~= '' then
   redis.call('HINCRBY', campaigns, cid .. ':t', #entries)
   redis.call('HINCRBY', campaigns, cid .. ':p', #entries)
 end
+if g then redis.call('HINCRBY', gstate, g .. ':n', #entries) end
 leave_wake_token(wake)
 out[2] = #entries
 return out

@@ -80,6 +80,7 @@ local gwait = KEYS[35]
 local gstate = KEYS[36]
 local limits = KEYS[37]
 
+local QUANTUM = 10  -- jobs a group (of weight 1) may start in one turn
 local ISOLATE_AFTER = 2  -- recoveries after which a job runs alone, its start recorded
 
 local now = now_ms()
@@ -313,7 +314,10 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   local asked = math.max(want, 0)
 
   -- groups in turn: the plain lists count as one more participant
-  local sel = want > 0 and redis.call('ZRANGE', groups, 0, want - 1, 'WITHSCORES') or {}
+  -- (a turn is up to QUANTUM jobs per unit of weight: a call looks at twice as many
+  -- groups as it can serve, in case some are throttled or out of work)
+  local looked = math.min(want, 2 * math.ceil(want / QUANTUM))
+  local sel = want > 0 and redis.call('ZRANGE', groups, 0, looked - 1, 'WITHSCORES') or {}
   local plain = want
   if #sel > 0 then plain = math.ceil(want / (#sel / 2 + 1)) end
   -- what each participant gets this call, taken in turns below (one job each per turn)
@@ -324,7 +328,11 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
     if items then
       plain = plain - #items
       want = want - #items
-      for _, e in ipairs(items) do lanes[1][#lanes[1] + 1] = e end
+      if #sel == 0 then
+        for _, e in ipairs(items) do take(e) end  -- no groups: no turns to take
+      else
+        for _, e in ipairs(items) do lanes[1][#lanes[1] + 1] = e end
+      end
     end
   end
   if #sel > 0 and want > 0 then
@@ -343,7 +351,8 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
     for i, g in ipairs(names) do
       if want <= 0 then break end
       local lim, w = gl[i], gl[i] and gl[i].weight or 1
-      local n = math.min(want, math.max(1, math.floor(budget * w / sumw + 0.5)))
+      local n = math.min(want, math.max(math.ceil(QUANTUM * w),
+                                        math.floor(budget * w / sumw + 0.5)))
       local why  -- the group cannot start more now: 'slot' or a time to look again
       if lim and lim.conc then
         local run = tonumber(redis.call('HGET', gstate, g .. ':run') or '0')
@@ -388,21 +397,22 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
     if last_vt then redis.call('HSET', gstate, 'vt', last_vt) end
   end
   -- reserve in turns, so a batch alternates between the groups (and the plain lists)
-  local running = {}
-  for j = 1, asked do
-    local any = false
+  local running, run_order = {}, {}
+  local turns = 0
+  for _, lane in ipairs(lanes) do turns = math.max(turns, #lane) end
+  for j = 1, (#sel > 0 and turns or 0) do
     for i, lane in ipairs(lanes) do
       local e = lane[j]
       if e then
-        any = true
-        if take(e) and lane_group[i] then
-          running[lane_group[i]] = (running[lane_group[i]] or 0) + 1
+        local g = lane_group[i]
+        if take(e) and g then
+          if not running[g] then run_order[#run_order + 1] = g; running[g] = 0 end
+          running[g] = running[g] + 1
         end
       end
     end
-    if not any then break end
   end
-  for g, n in pairs(running) do redis.call('HINCRBY', gstate, g .. ':run', n) end
+  gadd(gstate, run_order, running, ':run')
   if qtok and asked > want then take_tokens(gstate, QUEUE, qtok - (asked - want), now) end
 
   if #hargs > 0 then
@@ -427,10 +437,15 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   end
   if #g_gone > 0 then
     -- never leased (no running count to give back): they leave their quota count
+    local per, order = {}, {}
     for _, id in ipairs(g_gone) do
       local g = string.find(id, '~', 1, true) and group_of(id)
-      if g then redis.call('HINCRBY', gstate, g .. ':n', -1) end
+      if g then
+        if not per[g] then order[#order + 1] = g; per[g] = 0 end
+        per[g] = per[g] - 1
+      end
     end
+    gadd(gstate, order, per, ':n')
   end
   if want <= 0 and asked > 0 then
     -- a full batch: more may be waiting, let the next idle worker look

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from .. import codec
 from ..codec import Job
 from ..errors import RateLimited, Retry
+from ..limits import group_of
 from ..metrics import bump
 from ..scripts import arun_pipeline, calls
 from .state import CHUNK, REDIS_ERRORS, Buffers, State, backoff_s
@@ -116,12 +117,30 @@ class Outcomes:
 
     def hold(self, job: Job, exc: RateLimited) -> None:
         """The provider said "too many": the job goes back to the head of its group
-        with its attempt refunded, and the group (or the queue) is held in Redis."""
+        with its attempt refunded, and the group (or the queue) is held in Redis. The
+        jobs of that group (or queue) this process fetched but did not start go back
+        with it, so none of them reaches the provider during the hold."""
+        st = self.st
+        group = group_of(job.id)
         log.info("job %s (%s) rate limited: its %s is held for %.1fs", job.id, job.task,
-                 "group" if "~" in job.id else "queue", exc.retry_after_s)
-        self.settle(job).holds.append((job.lease, round(exc.retry_after_s * 1000),
-                                       job.task))
-        self.st.counters.held += 1
+                 "group" if group else "queue", exc.retry_after_s)
+        ms = round(exc.retry_after_s * 1000)
+        back = [job]
+        keep: list[Job | list[Job]] = []
+        for item in st.work:
+            jobs = item if isinstance(item, list) else [item]
+            same = [j for j in jobs
+                    if j.queue == job.queue and (not group or group_of(j.id) == group)]
+            back += same
+            rest = [j for j in jobs if j not in same] if same else jobs
+            if rest:
+                keep.append(rest if isinstance(item, list) else rest[0])
+        if len(back) > 1:
+            st.work.clear()
+            st.work.extend(keep)
+        for j in back:
+            self.settle(j).holds.append((j.lease, ms, j.task))
+        st.counters.held += len(back)
 
     def bury(self, job: Job, reason: str, exc: BaseException) -> None:
         message = describe(exc)
@@ -208,8 +227,12 @@ class Outcomes:
                 dead = b.dead[i : i + CHUNK]
                 batch.append((calls.nack(k, dead=[(lease, rec) for lease, rec, _, _ in dead]),
                               q, "dead", [(t, r) for _, _, t, r in dead]))
-            for lease, hold_ms, task in b.holds:  # rare: one call each (its own hold)
-                batch.append((calls.release(k, [lease], hold_ms), q, "held", [task]))
+            by_hold: dict[int, list[tuple[bytes, str]]] = {}
+            for lease, hold_ms, task in b.holds:  # in the order the jobs were popped
+                by_hold.setdefault(hold_ms, []).append((lease, task))
+            for hold_ms, part_h in by_hold.items():
+                batch.append((calls.release(k, [lease for lease, _ in part_h], hold_ms), q,
+                              "held", [t for _, t in part_h]))
         t0 = time.perf_counter()
         try:
             if len(batch) == 1:
@@ -235,7 +258,7 @@ class Outcomes:
         st = self.st
         for i, r in enumerate(results):
             if batch[i][2] == "held":  # release.lua replies how many it gave back
-                results[i] = [] if r else [1]
+                results[i] = []
                 continue
             if r and 0 in r:  # campaigns that became due follow a 0 (ack, ack_result, nack)
                 cut = r.index(0)

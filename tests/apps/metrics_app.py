@@ -12,7 +12,9 @@ Every outcome the dashboard and the alerts look at, on queue ``default``:
   than the worker's ``--lease-s 2``: the lease expires and another process takes the job
   again (a redelivery), and the first result arrives for an expired lease (a stale ack).
   Each attempt is first recorded (its number) in the list ``hog_key(namespace)``, outside
-  the queue, so the test knows when the process is blocked.
+  the queue, so the test knows when the process is blocked;
+* ``limited`` (queue ``flow``) is for flow control: the test gives that queue limits and
+  holds a limited group that has a job, so the flow-control panels and alerts have data.
 
 ``python -m batchq worker tests.apps.metrics_app:app`` builds ``app`` from
 ``$BATCHQ_REDIS_URL`` and ``$METRICS_APP_NS`` (``None`` without the namespace); tests
@@ -28,6 +30,7 @@ import time
 import batchq
 
 QUEUE = "default"
+FLOW_QUEUE = "flow"
 HOG_BLOCK_S = 4.0
 
 
@@ -66,6 +69,10 @@ def build(redis_url: str | None, namespace: str) -> batchq.App:
             app.redis.rpush(hog_key(namespace), job.attempt)
             if job.attempt == 1:
                 time.sleep(HOG_BLOCK_S)  # deliberately blocks the event loop
+
+    @app.task(queue=FLOW_QUEUE)
+    async def limited(i: int) -> None:
+        await asyncio.sleep(0.001)
 
     return app
 

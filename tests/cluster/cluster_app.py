@@ -55,6 +55,16 @@ def build(redis_url: str, namespace: str, log_path: str | None = None,
         await asyncio.sleep(secs)
         record("slow", token)
 
+    @app.task(max_attempts=1)
+    async def limited(token: Any, hold_s: float) -> None:
+        """Raises RateLimited(hold_s) on its first run (flow control), then records."""
+        marker = f"{log_path}.{token}.limited"
+        if hold_s and not os.path.exists(marker):
+            open(marker, "w").close()
+            record("limited", token)
+            raise batchq.RateLimited(hold_s)
+        record("rec", token)
+
     @app.task
     async def campaign_done(campaign_id: str, stats: dict[str, Any]) -> None:
         """A campaign's on_complete: records ``<id>:<total>:<succeeded>:<dead>:<cancelled>``."""

@@ -9,6 +9,7 @@ import pytest
 from helpers import wait_until
 from integration._support import wait_exit
 
+import batchq
 from batchq.limits import Limit, group_hex
 
 
@@ -145,8 +146,26 @@ def test_stats_count_grouped_jobs(app, queue_name):
     assert (s.ready, s.grouped, s.groups_active, s.groups_waiting) == (10, 7, 1, 0)
 
 
-def test_grouped_enqueue_is_refused_with_campaign_or_key(app, queue_name):
-    work = app.tasks["work"].options(queue=queue_name, group="g")
-    with pytest.raises(ValueError, match="campaign or key"):
-        work.options(key="k1").enqueue(1)
-
+def test_groups_with_campaigns_and_dedup_keys(app, queue_name, start_worker, runs):
+    q = app.queue(queue_name)
+    q.limit(group="acme", max_pending=6)
+    c = app.campaign(f"{queue_name}-c")
+    work = app.tasks["work"].options(queue=queue_name, campaign=c)
+    ids = work.options(group="acme").enqueue_many([(f"a{i}",) for i in range(5)],
+                                                 key_fn=lambda row: row[0])
+    again = work.options(group="acme").enqueue_many([(f"a{i}",) for i in range(5)],
+                                                   key_fn=lambda row: row[0])
+    assert again == ids  # every key held: nothing written
+    assert all(x.endswith("~" + group_hex("acme") + "_m") for x in ids)
+    with pytest.raises(batchq.QuotaExceeded):
+        work.options(group="acme").enqueue_many([(f"b{i}",) for i in range(2)],
+                                                key_fn=lambda row: row[0])
+    work.options(group="other", delay_s=0.2).enqueue("late")
+    c.seal()
+    assert c.stats().total == 6
+    proc = start_worker(queue_name, "--burst")
+    assert wait_exit(proc, 30) == 0, proc.read_log()
+    assert sorted(r.token for r in runs()) == ["a0", "a1", "a2", "a3", "a4", "late"]
+    st = c.stats()
+    assert (st.total, st.succeeded, st.pending) == (6, 6, 0)
+    assert q.groups() == []

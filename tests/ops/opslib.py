@@ -28,6 +28,7 @@ COUNTERS = frozenset({
     "batchq_stale_acks_total",
     "batchq_worker_restarts_total",
     "batchq_jobs_enqueued_total",
+    "batchq_jobs_rate_limited_total",
 })
 HISTOGRAMS = frozenset({
     "batchq_job_run_seconds",
@@ -47,6 +48,12 @@ GAUGES = frozenset({
     "batchq_periodic_next_run_timestamp_seconds",
     "batchq_campaign_jobs",
     "batchq_campaign_done",
+    "batchq_queue_grouped_jobs",
+    "batchq_queue_groups",
+    "batchq_queue_held_seconds",
+    "batchq_limit_concurrency_used_ratio",
+    "batchq_limit_rate_per_second",
+    "batchq_group_waiting_seconds",
 })
 EXPORTED = COUNTERS | HISTOGRAMS | GAUGES
 """(``batchq_periodic_last_run_timestamp_seconds`` too, once a periodic task ran: the
@@ -59,7 +66,10 @@ WITH_QUEUE_LABEL = frozenset({
     "batchq_fetch_batch_size", "batchq_jobs_in_progress", "batchq_queue_jobs",
     "batchq_queue_oldest_job_age_seconds", "batchq_queue_delayed_lag_seconds",
     "batchq_queue_paused", "batchq_jobs_enqueued_total",
-    "batchq_periodic_next_run_timestamp_seconds",
+    "batchq_periodic_next_run_timestamp_seconds", "batchq_jobs_rate_limited_total",
+    "batchq_queue_grouped_jobs", "batchq_queue_groups", "batchq_queue_held_seconds",
+    "batchq_limit_concurrency_used_ratio", "batchq_limit_rate_per_second",
+    "batchq_group_waiting_seconds",
 })
 """Metrics with a ``queue`` label: the dashboard must filter them by ``$queue``."""
 

@@ -161,6 +161,10 @@ def test_dashboard_covers_what_operators_need() -> None:
     assert re.search(r"histogram_quantile\(0\.99, sum by \((le, op|op, le)\) "
                      r"\(rate\(batchq_redis_seconds_bucket", joined)
     assert "increase(batchq_jobs_dead_total" in joined
+    flow = {"batchq_queue_grouped_jobs", "batchq_queue_groups", "batchq_queue_held_seconds",
+            "batchq_limit_concurrency_used_ratio", "batchq_limit_rate_per_second",
+            "batchq_group_waiting_seconds", "batchq_jobs_rate_limited_total"}
+    assert flow <= used, f"flow control not on the dashboard: {sorted(flow - used)}"
 
 
 def test_dashboard_metric_names_are_exported() -> None:
@@ -200,7 +204,7 @@ def test_grafana_provisioning() -> None:
 
 ALERT_NAMES = {"BatchqQueueBackingUp", "BatchqHighFailureRate", "BatchqDeadLettersGrowing",
                "BatchqNoWorkers", "BatchqWorkersRestarting", "BatchqRedisSlow",
-               "BatchqPeriodicStalled"}
+               "BatchqPeriodicStalled", "BatchqGroupHeld", "BatchqQueueHeld"}
 
 
 def test_alert_rules_shape() -> None:
@@ -225,6 +229,11 @@ def test_alert_rules_shape() -> None:
     assert stalled["for"] == "2m"
     assert "time() - max by (task, queue) (batchq_periodic_next_run_timestamp_seconds) > 60" \
         in stalled["expr"]
+    for name, metric, by in (("BatchqGroupHeld", "batchq_group_waiting_seconds",
+                              "queue, group"),
+                             ("BatchqQueueHeld", "batchq_queue_held_seconds", "queue")):
+        assert rules[name]["for"] == "5m"
+        assert f"max by ({by}) ({metric}) > 600" in rules[name]["expr"]
 
 
 def test_alert_metric_names_are_exported() -> None:

@@ -1,8 +1,9 @@
 """The real thing: a real Prometheus scrapes a real ``batchq worker -p 2`` every second
 and evaluates grafana/alerts.yml, while the test runs jobs through every outcome
-(success, failure with retry, timeout, unknown task, delay, an expired lease). Then every
-PromQL expression of the dashboard and of the alert rules is run through Prometheus'
-HTTP API, and every metric name they use must be exported by the workers.
+(success, failure with retry, timeout, unknown task, delay, an expired lease) and holds a
+rate- and concurrency-limited group (flow control). Then every PromQL expression of the
+dashboard and of the alert rules is run through Prometheus' HTTP API, and every metric
+name they use must be exported by the workers.
 
 Skipped only when no ``prometheus`` binary is installed (Debian package ``prometheus``).
 """
@@ -134,6 +135,14 @@ def run_scenario(stack: Stack, redis_url: str, namespace: str) -> None:
         wait_until(lambda: producer.redis.llen(metrics_app.hog_key(namespace)) >= 1,
                    timeout_s=15, message="the hog job did not start")
 
+        # flow control: limits on the flow queue, and a limited group held for an hour
+        # with a job waiting (its waiting seconds, the group-held alert's expression)
+        flow = producer.queue(metrics_app.FLOW_QUEUE)
+        flow.limit(rate_per_s=1000)
+        flow.limit(group="acme", rate_per_s=5, concurrency=2)
+        flow.hold(3600, group="acme")
+        tasks["limited"].options(group="acme").enqueue(0)
+
         # the ok jobs form a campaign, so the campaign panels have data
         campaign = producer.campaign("ops-scenario")
 
@@ -158,8 +167,9 @@ def run_scenario(stack: Stack, redis_url: str, namespace: str) -> None:
                     and stack.value("sum(batchq_jobs_succeeded_total)") == EXPECTED_SUCCEEDED
                     and (stack.value("sum(batchq_stale_acks_total)") or 0) >= 1
                     and (stack.value("sum(batchq_jobs_redelivered_total)") or 0) >= 1
-                    and stack.value('sum(batchq_queue_jobs{state=~"ready|delayed|reserved"})')
-                    == 0
+                    and stack.value(f'sum(batchq_queue_jobs{{queue="{QUEUE}", '
+                                    'state=~"ready|delayed|reserved"})') == 0
+                    and stack.value('max(batchq_group_waiting_seconds{group="acme"})')
                     and stack.value('max(batchq_campaign_jobs{state="succeeded"})')
                     == WAVES * WAVE_OK)
 
@@ -239,6 +249,8 @@ ALERT_EXPECTATIONS: dict[str, bool | None] = {
     "BatchqWorkersRestarting": False,
     "BatchqRedisSlow": None,           # a slow CI box may legitimately trip it
     "BatchqPeriodicStalled": False,    # the yearly task's next run is months ahead
+    "BatchqGroupHeld": True,           # acme is held for an hour (pending: for 5m)
+    "BatchqQueueHeld": False,
 }
 
 

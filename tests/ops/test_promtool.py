@@ -33,7 +33,7 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_check_rules() -> None:
     out = promtool("check", "rules", str(ALERTS))
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 7 rules found" in out.stdout
+    assert "SUCCESS: 9 rules found" in out.stdout
 
 
 def test_rule_unit_tests() -> None:

@@ -18,8 +18,9 @@ BATCHQ_COMMANDS = (
     # commands sent directly (worker, producer, Queue, CLI, metrics)
     "+blpop", "+lindex", "+sadd", "+smembers", "+zcard", "+zremrangebyscore",
     "+hmget", "+hgetall", "+set", "+del", "+expire", "+multi", "+exec",
-    # campaigns: listing them (app.campaigns, the CLI, the metrics)
-    "+zrevrange",
+    # campaigns: listing them (app.campaigns, the CLI, the metrics); flow control: one
+    # bounded page of a queue's limits and the groups that wait longest (info, metrics)
+    "+zrevrange", "+hscan",
     # results, status, cancel: job sequence numbers (reserve.lua), the ready-job bitmaps,
     # the per-job channels (scripts publish, result() subscribes)
     "+incrby", "+setbit", "+getbit", "+bitfield", "+setrange", "+publish", "+subscribe",

@@ -120,6 +120,11 @@ def test_worker_producer_and_cli_as_the_acl_user(acl_server: AclServer, tmp_path
         assert "purged 2" in cli("dead", "purge", "default", "--all")
         cli("pause", "other")
         cli("resume", "other")
+        assert "rate 5/s" in cli("limit", "set", "other", "--rate", "5")
+        cli("limit", "set", "other", "--group", "g", "--concurrency", "2")
+        assert "(queue)" in cli("limit", "list", "other")
+        cli("limit", "rm", "other", "--group", "g")
+        cli("limit", "rm", "other")
         lines = tmp_path / "jobs.jsonl"
         lines.write_text('["x1"]\n{"args": ["x2"]}\n')
         res = run_cli(["enqueue", "security.sec_app:app", "rec", "--from", str(lines)],

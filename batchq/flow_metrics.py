@@ -1,0 +1,84 @@
+"""Flow-control metrics read at scrape time (``metrics.QueueCollector``).
+
+Per queue, from the one pipelined ``stats.read`` every scrape already makes:
+``batchq_queue_grouped_jobs``, ``batchq_queue_groups{state="ready|waiting"}`` and
+``batchq_queue_held_seconds``. Per limit, from ``flow_view.read`` (two more pipelined
+round trips for all the queues, bounded): ``batchq_limit_concurrency_used_ratio``,
+``batchq_limit_rate_per_second`` and ``batchq_group_waiting_seconds``.
+
+Cardinality stays bounded whatever the producers do: a group is a label value only when
+it has a limit of its own, and at most ``flow_view.LIMITS_SHOWN`` (50) of those per
+queue. The queue's own limit has ``group=""``, the default limit of every group
+``group="*"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import redis
+
+from . import flow_view
+from .keys import QueueKeys
+from .limits import DEFAULT_GROUP
+from .stats import Snapshot
+
+CAP = flow_view.LIMITS_SHOWN
+
+
+def queue_families(snaps: Sequence[Snapshot]) -> list[Any]:
+    """The per-queue gauges, from the scrape's ``stats.read``."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    grouped = GaugeMetricFamily(
+        "batchq_queue_grouped_jobs", "Ready jobs of groups (flow control); part of "
+        "batchq_queue_jobs{state=\"ready\"}", labels=["queue"])
+    groups = GaugeMetricFamily(
+        "batchq_queue_groups", "Groups with ready jobs: ready (may start jobs now) or "
+        "waiting (for a rate token, a concurrency slot or the end of a hold)",
+        labels=["queue", "state"])
+    held = GaugeMetricFamily(
+        "batchq_queue_held_seconds", "Seconds left of a hold of the whole queue "
+        "(RateLimited raised by a job without a group); 0 when not held",
+        labels=["queue"])
+    for snap in snaps:
+        st = snap.stats
+        grouped.add_metric([snap.name], st.grouped)
+        groups.add_metric([snap.name, "ready"], st.groups_active)
+        groups.add_metric([snap.name, "waiting"], st.groups_waiting)
+        held.add_metric([snap.name], st.held_s)
+    return [grouped, groups, held]
+
+
+def limit_families(client: redis.Redis, queues: Sequence[QueueKeys]) -> Iterable[Any]:
+    """The per-limit gauges (see the module docstring)."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    used = GaugeMetricFamily(
+        "batchq_limit_concurrency_used_ratio", "Jobs leased now over the concurrency "
+        "limit, for the queue's own limit (group=\"\") and groups with a limit of their "
+        f"own (at most {CAP} groups per queue)", labels=["queue", "group"])
+    rate = GaugeMetricFamily(
+        "batchq_limit_rate_per_second", "The rate limit (job starts per second) of the "
+        "queue (group=\"\"), of every group without its own (group=\"*\") and of groups "
+        f"with a limit of their own (at most {CAP} groups per queue)",
+        labels=["queue", "group"])
+    waiting = GaugeMetricFamily(
+        "batchq_group_waiting_seconds", "Seconds until a group with a limit of its own "
+        "may start a job again (the end of a hold from RateLimited, or its next rate "
+        f"token), for such groups waiting now (at most {CAP} groups per queue)",
+        labels=["queue", "group"])
+    flows = flow_view.read(client, queues, groups=0, limits=CAP)
+    for name, flow in flows.items():
+        for u in flow.limits:
+            lim = u.limit
+            group = "" if lim.group is None else lim.group
+            if lim.rate_per_s is not None:
+                rate.add_metric([name, group], lim.rate_per_s)
+            ratio = u.used_ratio
+            if ratio is not None and lim.group != DEFAULT_GROUP:
+                used.add_metric([name, group], ratio)
+            if u.state == "waiting" and lim.group not in (None, DEFAULT_GROUP):
+                waiting.add_metric([name, group], u.until_s)
+    return [used, rate, waiting]

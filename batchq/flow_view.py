@@ -1,0 +1,251 @@
+"""What an operator sees of flow control (``batchq/limits.py``): a queue's limits, how
+much of each is used, and the groups that wait now. Read for ``batchq info``, ``batchq
+limit list``, the web console (through ``overview.snapshot``) and ``/metrics``.
+
+Bounded whatever the producers do: never a scan over all the groups of a queue. For
+any number of queues it is two pipelined round trips (the second only when some queue
+has limits or waiting groups):
+
+1. ``TIME``, and per queue the queue's own limit and the default one (``"*"``), one
+   ``HSCAN`` page of the limits hash (at most ``limits`` group limits kept), its size,
+   the running count of the queue (leases), and the ``groups + 1`` groups of ``gwait``
+   that wait longest (blocked ones, at a concurrency limit, first; then the longest
+   holds);
+2. per queue the counters of those groups and of the limited ones (``gstate``) and
+   whether each limited group waits or is in the rotation now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from .keys import QueueKeys
+from .limits import DEFAULT_FIELD, DEFAULT_GROUP, QUEUE_FIELD, GroupState, Limit, group_name
+from .stats import QueueStats
+
+BLOCKED = 1e15
+"""``gwait`` score of a group waiting for a concurrency slot (``_lib.lua``)."""
+
+WAITING_SHOWN = 10
+"""Groups that wait, listed per queue by ``batchq info`` (held or blocked first)."""
+
+LIMITS_SHOWN = 50
+"""Group limits read per queue (one ``HSCAN`` page): the cap on ``group`` label values
+of the ``batchq_limit_*`` metrics."""
+
+
+@dataclass(frozen=True)
+class LimitUse:
+    """One limit and how much of it is used now: ``running`` jobs leased (the queue's
+    own limit: every lease of the queue; ``"*"``: None, it applies to each group on its
+    own); ``state`` of a group with a limit of its own: ``ready`` (in the rotation),
+    ``waiting`` (for a rate token or the end of a hold, ``until_s`` from now),
+    ``blocked`` (at its concurrency limit) or ``idle`` (no ready job); ``pending``: its
+    jobs not finished (the quota count)."""
+
+    limit: Limit
+    running: int | None = None
+    pending: int | None = None
+    state: str = ""
+    until_s: float = 0.0
+
+    @property
+    def used_ratio(self) -> float | None:
+        """``running / concurrency``, None without a concurrency limit or a count."""
+        if self.limit.concurrency is None or self.running is None:
+            return None
+        return self.running / self.limit.concurrency
+
+    def as_dict(self) -> dict[str, Any]:
+        lim = self.limit
+        row: dict[str, Any] = {
+            "group": lim.group, "rate_per_s": lim.rate_per_s, "burst": lim.burst,
+            "concurrency": lim.concurrency, "max_pending": lim.max_pending,
+            "weight": lim.weight}
+        if self.running is not None:
+            row["running"] = self.running
+        if self.pending is not None:
+            row["pending"] = self.pending
+        if self.state:
+            row["state"] = self.state
+            row["until_s"] = round(self.until_s, 3)
+        return row
+
+
+@dataclass(frozen=True)
+class Flow:
+    """The flow control of one queue: its limits (the queue's own first, then ``"*"``,
+    then groups by name; at most ``LIMITS_SHOWN`` group limits, ``limits_total`` in
+    all) and up to ``WAITING_SHOWN`` groups that wait now (``GroupState``)."""
+
+    queue: str
+    limits: list[LimitUse] = field(default_factory=list)
+    limits_total: int = 0
+    waiting: list[GroupState] = field(default_factory=list)
+
+    @property
+    def used(self) -> bool:
+        return bool(self.limits_total or self.waiting)
+
+
+def _text(v: Any) -> str:
+    return v.decode("utf-8", "surrogateescape") if isinstance(v, bytes) else str(v)
+
+
+def _int(v: Any) -> int:
+    try:
+        return max(0, int(v or 0))
+    except (TypeError, ValueError):
+        return 0
+
+
+def _limit(fieldname: str, value: Any) -> Limit | None:
+    """A stored limit, or None when it does not decode (written by hand)."""
+    try:
+        return Limit.decode(fieldname, _text(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def all_limits(client: redis.Redis, k: QueueKeys) -> tuple[list[Limit], list[str]]:
+    """Every limit of a queue, ordered as ``limits.limits`` orders them, and apart the
+    fields whose value is not a valid limit (written by hand): ``batchq limit list``
+    shows those instead of failing."""
+    raw: dict[Any, Any] = client.hgetall(k.limits)
+    good: list[Limit] = []
+    bad: list[str] = []
+    for f, v in raw.items():
+        lim = _limit(_text(f), v)
+        if lim is None:
+            bad.append(group_name(_text(f)))
+        else:
+            good.append(lim)
+    good.sort(key=lambda x: (x.group is not None, x.group != DEFAULT_GROUP,
+                             x.group or ""))
+    return good, sorted(bad)
+
+
+def read(client: redis.Redis, queues: Sequence[QueueKeys], *, groups: int = WAITING_SHOWN,
+         limits: int = LIMITS_SHOWN) -> dict[str, Flow]:
+    """The ``Flow`` of each queue, by name (see the module docstring for the cost).
+    An error reply (a key of the wrong type, written by hand) reads as empty."""
+    if not queues:
+        return {}
+    pipe = client.pipeline(transaction=False)
+    pipe.execute_command("TIME")  # type: ignore[no-untyped-call]
+    for k in queues:
+        pipe.hget(k.limits, QUEUE_FIELD)
+        pipe.hget(k.limits, DEFAULT_FIELD)
+        pipe.hscan(k.limits, 0, count=limits)
+        pipe.hlen(k.limits)
+        pipe.zcard(k.reserved)
+        pipe.zrevrange(k.gwait, 0, groups, withscores=True)
+    res = pipe.execute(raise_on_error=False)
+    if isinstance(res[0], Exception):
+        raise res[0]
+    now_ms = int(res[0][0]) * 1000 + int(res[0][1]) // 1000
+    firsts: list[tuple[QueueKeys, list[LimitUse], list[tuple[str, Limit]], int,
+                       list[tuple[str, float]]]] = []
+    for j, k in enumerate(queues):
+        qlim, dlim, page, total, reserved, waiting = res[1 + 6 * j : 7 + 6 * j]
+        uses: list[LimitUse] = []
+        own = _limit(QUEUE_FIELD, qlim) if isinstance(qlim, bytes | str) else None
+        if own is not None:
+            uses.append(LimitUse(own, running=_int(reserved)))
+        glims: list[tuple[str, Limit]] = []
+        default = _limit(DEFAULT_FIELD, dlim) if isinstance(dlim, bytes | str) else None
+        if isinstance(page, list | tuple) and len(page) == 2 and isinstance(page[1], dict):
+            for f, v in page[1].items():
+                name = _text(f)
+                lim = None if name in (QUEUE_FIELD, DEFAULT_FIELD) else _limit(name, v)
+                if lim is not None:
+                    glims.append((name, lim))
+        glims = sorted(glims, key=lambda x: x[1].group or "")[:limits]
+        if default is not None:
+            uses.append(LimitUse(default))
+        rows = []
+        if isinstance(waiting, list):
+            rows = [(_text(g), float(s)) for g, s in waiting if _text(g) != QUEUE_FIELD]
+        firsts.append((k, uses, glims, _int(total), rows[:groups]))
+
+    pipe = client.pipeline(transaction=False)
+    asked = []
+    for k, _, glims, _, rows in firsts:
+        names = list(dict.fromkeys([g for g, _ in rows] + [g for g, _ in glims]))
+        asked.append(names)
+        if names:
+            pipe.hmget(k.gstate, [f"{g}:{c}" for g in names for c in ("n", "run")])
+        if glims:
+            pipe.zmscore(k.gwait, [g for g, _ in glims])
+            pipe.zmscore(k.groups, [g for g, _ in glims])
+    res2 = pipe.execute(raise_on_error=False) if any(asked) else []
+    out: dict[str, Flow] = {}
+    i = 0
+    for (k, uses, glims, total, rows), names in zip(firsts, asked, strict=True):
+        counts: dict[str, tuple[int, int]] = {}
+        if names:
+            vals = res2[i]
+            i += 1
+            if not isinstance(vals, list):
+                vals = [None] * (2 * len(names))
+            counts = {g: (_int(vals[2 * n]), _int(vals[2 * n + 1]))
+                      for n, g in enumerate(names)}
+        waits: list[Any] = [None] * len(glims)
+        inturn: list[Any] = [None] * len(glims)
+        if glims:
+            w, t = res2[i], res2[i + 1]
+            i += 2
+            waits = w if isinstance(w, list) else waits
+            inturn = t if isinstance(t, list) else inturn
+        for (g, lim), score, rot in zip(glims, waits, inturn, strict=True):
+            pending, running = counts.get(g, (0, 0))
+            state, until = _state(score, now_ms)
+            if not state:
+                state = "ready" if rot is not None else "idle"
+            uses.append(LimitUse(lim, running=running, pending=pending, state=state,
+                                 until_s=until))
+        waiting = []
+        for g, score in rows:
+            pending, running = counts.get(g, (0, 0))
+            state, until = _state(score, now_ms)
+            waiting.append(GroupState(group_name(g), pending, running, state, until))
+        out[k.queue] = Flow(k.queue, uses, total, waiting)
+    return out
+
+
+def _state(score: Any, now_ms: int) -> tuple[str, float]:
+    """A ``gwait`` score as ``(state, seconds left)``; ``("", 0)`` when not waiting."""
+    if score is None:
+        return "", 0.0
+    try:
+        s = float(score)
+    except (TypeError, ValueError):
+        return "", 0.0
+    if s >= BLOCKED:
+        return "blocked", 0.0
+    return "waiting", max(0.0, (s - now_ms) / 1000)
+
+
+
+def info(flow: Flow | None, st: QueueStats) -> dict[str, Any] | None:
+    """The ``flow`` entry of a queue in ``batchq info --json`` (and ``/api/info``), or
+    None for a queue that uses no flow control (no limit, group, nor hold)."""
+    if not (st.grouped or st.groups_active or st.groups_waiting or st.held_s
+            or (flow is not None and flow.used)):
+        return None
+    flow = flow or Flow("")
+    return {
+        "grouped": st.grouped,
+        "groups_ready": st.groups_active,
+        "groups_waiting": st.groups_waiting,
+        "held_s": round(st.held_s, 3),
+        "limits": [u.as_dict() for u in flow.limits],
+        "limits_total": flow.limits_total,
+        "waiting_groups": [{"group": g.group, "state": g.state,
+                            "until_s": round(g.until_s, 3), "pending": g.pending,
+                            "running": g.running} for g in flow.waiting],
+    }
