@@ -4,16 +4,12 @@ No workers: this process pops (``pop.lua``, ``--batch`` jobs per call) until the
 is empty, then acks every lease (``ack.lua``, one call per popped batch), and reads the
 server's own time for each phase (``INFO commandstats`` usec, reset before each).
 Cases: plain jobs; plain jobs under a queue-wide rate limit of 1,000,000/s; the same
-jobs in ``--groups`` groups; the grouped jobs with modified copies of the scripts (built
-in memory from the shipped ones and loaded with SCRIPT LOAD; ``batchq/scripts`` is not
-touched):
-
-* ``ack: gwait only if blocked``: ``gsettle`` looks up each settled group's gwait score
-  (to wake a group that waits for a concurrency slot) only when some group is blocked
-  at all (one ZRANGEBYSCORE per call instead of one ZSCORE per group);
-* ``pop: quantum Q``: a group's turn serves up to ``Q`` jobs, so a pop of 100 jobs
-  visits ``ceil(100 / Q)`` groups instead of 100 (one ZRANGEBYLEX, one ZADD member, one
-  running-count HINCRBY per group and turn; the acks then settle fewer groups each).
+jobs in ``--groups`` groups with the shipped scripts; and grouped again with pop.lua's
+turn quantum (jobs a group starts per turn, 10 as shipped) set to each of ``--quanta``
+(a copy built in memory and loaded with SCRIPT LOAD; ``batchq/scripts`` is not
+touched). Quantum 1 is how groups were served before turns of up to 10 jobs: every
+group taken costs a lex range read, a virtual-time update and its share of the acks'
+group bookkeeping, so the server time per grouped job falls with the quantum.
 
 Prints microseconds of server time per job (pop, ack, total), medians over
 ``--repeat``. An embedded Valkey unless ``--redis-url``.
@@ -31,23 +27,17 @@ from .apps import QUEUE
 from .harness import Context
 from .throughput import _items
 
-GSETTLE = "local function gsettle(gstate, gwait, wake, ids, finished)\n"
-ZSCORE = "    if tonumber(redis.call('ZSCORE', gwait, g) or '0') >= BLOCKED then"
-SEL = "local sel = want > 0 and redis.call('ZRANGE', groups, 0, want - 1, 'WITHSCORES') or {}"
-
-
-def ack_blocked_only(src: str) -> str:
-    if GSETTLE not in src or ZSCORE not in src:
-        raise RuntimeError("gsettle changed: update bench/flow_cost.py")
-    src = src.replace(GSETTLE, GSETTLE + "  local any_blocked = #redis.call('ZRANGEBYSCORE', "
-                      "gwait, BLOCKED, '+inf', 'LIMIT', 0, 1) > 0\n")
-    return src.replace(ZSCORE, ZSCORE.replace("if ", "if any_blocked and ", 1))
+QUANTUM = "local QUANTUM = "
 
 
 def pop_quantum(src: str, q: int) -> str:
-    if SEL not in src:
-        raise RuntimeError("pop.lua's group selection changed: update bench/flow_cost.py")
-    return src.replace(SEL, SEL.replace("want - 1", f"math.ceil(want / {q}) - 1"))
+    """pop.lua with its turn quantum (jobs a group of weight 1 starts per turn) set to
+    ``q``; 1 is how groups were served before turns of up to 10 jobs."""
+    at = src.find(QUANTUM)
+    if at < 0:
+        raise RuntimeError("pop.lua has no QUANTUM: update bench/flow_cost.py")
+    eol = src.index("--", at)
+    return src[:at] + f"{QUANTUM}{q}  " + src[eol:]
 
 
 def _server_usec(ctx: Context) -> int:
@@ -99,18 +89,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--jobs", type=int, default=50_000)
     p.add_argument("--groups", type=int, default=500)
     p.add_argument("--batch", type=int, default=100)
-    p.add_argument("--quantum", type=int, default=10)
+    p.add_argument("--quanta", default="1",
+                   help="pop.lua turn quanta to compare with the shipped one (default 1)")
     p.add_argument("--repeat", type=int, default=3)
     a = p.parse_args(argv)
     pop, ack = source("pop"), source("ack")
-    ack2 = ack_blocked_only(ack)
     cases: list[tuple[str, int, str, str, float | None]] = [
-             ("plain jobs, shipped scripts", 0, pop, ack, None),
-             ("plain jobs, queue limit 1,000,000/s", 0, pop, ack, 1e6),
-             (f"{a.groups} groups, shipped scripts", a.groups, pop, ack, None),
-             (f"{a.groups} groups, ack: gwait only if blocked", a.groups, pop, ack2, None),
-             (f"{a.groups} groups, that + pop: quantum {a.quantum}", a.groups,
-              pop_quantum(pop, a.quantum), ack2, None)]
+        ("plain jobs", 0, pop, ack, None),
+        ("plain jobs, queue limit 1,000,000/s", 0, pop, ack, 1e6),
+        (f"{a.groups} groups, shipped scripts", a.groups, pop, ack, None)]
+    for q in (int(x) for x in a.quanta.split(",") if x.strip()):
+        cases.append((f"{a.groups} groups, pop quantum {q}", a.groups, pop_quantum(pop, q),
+                      ack, None))
     got: dict[str, list[tuple[float, float]]] = {c[0]: [] for c in cases}
     with Context(a.redis_url) as ctx:
         for _ in range(a.repeat):
