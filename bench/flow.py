@@ -354,6 +354,10 @@ def ratecheck_once(ctx: Context, app: Any, *, duration_s: float, rate: float, bu
                                for t, n in windows_over(gtimes, group_rate + group_burst)],
         "group_max_window": max_window(gtimes), "group_bound": group_rate + group_burst,
         "mean_rate": (len(times) - 1) / max(times[-1] - times[0], 1e-9),
+        # starts in each whole second from the first start, all and the limited group's
+        "per_second": list(collections.Counter(int(t - times[0]) for t in times).values()),
+        "group_per_second": list(collections.Counter(int(t - times[0])
+                                                     for t in gtimes).values()),
         "group_mean_rate": (len(gtimes) - 1) / max(gtimes[-1] - gtimes[0], 1e-9),
         "groups_finished": len({tag.split(":")[0] for tag in runs}),
     }
