@@ -222,8 +222,15 @@ def run_fanout(ctx: Context, rec: dict[str, Any], *, jobs: int, repeat: int, gro
 # --- groups ----------------------------------------------------------------------------
 
 
+def _server_cpu_s(ctx: Context) -> float:
+    info = ctx.client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
 def _drain(ctx: Context, jobs: int, groups: int, queue_rate: float | None,
-           processes: int | None, concurrency: int) -> float:
+           processes: int | None, concurrency: int) -> tuple[float, float]:
+    """(jobs/s from the handlers' clocks, the server's CPU µs per job over the fleet's
+    life: start-up, drain, exit)."""
     ctx.reset()
     q = ctx.app.queue(QUEUE)
     q.remove_limit()
@@ -237,10 +244,12 @@ def _drain(ctx: Context, jobs: int, groups: int, queue_rate: float | None,
     if queue_rate:
         q.limit(rate_per_s=queue_rate)
     fleet = Fleet(batchq_worker_argv(processes, concurrency, burst=True), ctx.fleet_env())
+    cpu0 = _server_cpu_s(ctx)
     try:
         with fleet:
             (n, first, last, _), wall = run_burst(fleet, ctx.client, ctx.key, jobs,
                                                   timeout_s=120 + jobs / 500)
+        cpu = _server_cpu_s(ctx) - cpu0
     finally:
         q.remove_limit()
     if wall is None:
@@ -248,7 +257,7 @@ def _drain(ctx: Context, jobs: int, groups: int, queue_rate: float | None,
     st = q.stats()
     if st.pending or st.dead:
         raise RuntimeError(f"queue not drained: {st}")
-    return n / max(last - first, 1e-6)
+    return n / max(last - first, 1e-6), cpu * 1e6 / jobs
 
 
 def run_groups(ctx: Context, rec: dict[str, Any], *, jobs: int, repeat: int, groups: int,
@@ -262,17 +271,27 @@ def run_groups(ctx: Context, rec: dict[str, Any], *, jobs: int, repeat: int, gro
                   {"jobs": jobs, "queue_rate": queue_rate, "processes": procs})
     r_groups = Row("groups / plain (same repeat)", {})
     r_limit = Row("queue rate limit / plain (same repeat)", {})
+    cases = [(0, None), (groups, None), (0, queue_rate)]
     for i in range(repeat):
-        a = _drain(ctx, jobs, 0, None, procs, concurrency)
-        b = _drain(ctx, jobs, groups, None, procs, concurrency)
-        c = _drain(ctx, jobs, 0, queue_rate, procs, concurrency)
-        plain.add("jobs/s", a, "jobs/s")
-        grouped.add("jobs/s", b, "jobs/s")
-        limited.add("jobs/s", c, "jobs/s")
+        # the order turns each repeat, so a drift in the machine's load favours no case
+        got: dict[int, tuple[float, float]] = {}
+        for j in range(3):
+            k = (i + j) % 3
+            got[k] = _drain(ctx, jobs, cases[k][0], cases[k][1], procs, concurrency)
+        (a, ca), (b, cb), (c, cc) = got[0], got[1], got[2]
+        for row, (rate, cpu) in zip((plain, grouped, limited), (got[0], got[1], got[2]),
+                                    strict=True):
+            row.add("jobs/s", rate, "jobs/s")
+            row.add("server CPU", cpu, "µs/job")
         r_groups.add("ratio", b / a)
+        r_groups.add("server CPU ratio", cb / ca)
         r_limit.add("ratio", c / a)
-        rec["runs"].append({"repeat": i, "plain_jobs_per_s": a, "grouped_jobs_per_s": b,
-                            "queue_limited_jobs_per_s": c})
+        r_limit.add("server CPU ratio", cc / ca)
+        rec["runs"].append({"repeat": i, "order": [(i + j) % 3 for j in range(3)],
+                            "plain_jobs_per_s": a, "grouped_jobs_per_s": b,
+                            "queue_limited_jobs_per_s": c, "plain_server_us_per_job": ca,
+                            "grouped_server_us_per_job": cb,
+                            "queue_limited_server_us_per_job": cc})
     record.reset(ctx.client, ctx.key)
     return [plain, grouped, limited, r_groups, r_limit]
 
