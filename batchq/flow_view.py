@@ -24,11 +24,16 @@ from typing import Any
 import redis
 
 from .keys import QueueKeys
-from .limits import DEFAULT_FIELD, DEFAULT_GROUP, QUEUE_FIELD, GroupState, Limit, group_name
+from .limits import (
+    BLOCKED,
+    DEFAULT_FIELD,
+    DEFAULT_GROUP,
+    QUEUE_FIELD,
+    GroupState,
+    Limit,
+    group_name,
+)
 from .stats import QueueStats
-
-BLOCKED = 1e15
-"""``gwait`` score of a group waiting for a concurrency slot (``_lib.lua``)."""
 
 WAITING_SHOWN = 10
 """Groups that wait, listed per queue by ``batchq info`` (held or blocked first)."""

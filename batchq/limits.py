@@ -31,6 +31,9 @@ DEFAULT_FIELD = "*"
 DEFAULT_GROUP = "*"
 """``Queue.limit(group="*", ...)``: the limit of every group that has none of its own."""
 
+BLOCKED = 1e15
+"""``gwait`` score of a group waiting for a concurrency slot (``_lib.lua`` BLOCKED)."""
+
 MAX_RATE = 1_000_000.0
 MAX_COUNT = 10**12
 MAX_WEIGHT = 1000.0
@@ -259,7 +262,7 @@ def groups(r: redis.Redis, k: QueueKeys, limit: int = 100) -> list[GroupState]:
         name = _text(g)
         if name == QUEUE_FIELD:
             continue
-        if score >= 1e15:
+        if score >= BLOCKED:
             rows.append((name, "blocked", 0.0))
         else:
             rows.append((name, "waiting", max(0.0, (score - now_ms) / 1000)))

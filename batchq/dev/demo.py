@@ -1,8 +1,11 @@
 """``make demo``: a campaign of fake emails, drained by one burst worker, then checked.
 
-``python -m batchq.dev.demo [--jobs N] [--campaign ID] [--namespace NS]``. Without
-``$BATCHQ_REDIS_URL`` an embedded Valkey is started for the run. The emails are one
-campaign: written with ``enqueue_many`` and a dedup key per address, then sealed; a real
+``python -m batchq.dev.demo [--jobs N] [--campaign ID] [--namespace NS]
+[--customers N] [--rate-per-customer R]``. Without ``$BATCHQ_REDIS_URL`` an embedded
+Valkey is started for the run. The emails are sent for several customers: each
+customer is a group of the queue, limited to ``R`` emails a second
+(``Queue.limit(group="*")``), so the run shows a fan-out held to a rate limit. They are
+one campaign: written with ``enqueue_many`` and a dedup key per address, then sealed; a real
 ``batchq worker`` subprocess (``--burst``: it exits once the queue is empty) runs them
 while this process shows the campaign's progress (a live bar on a terminal). The
 campaign's ``on_complete`` task prints the summary (run here, after the drain). Exit code
@@ -44,6 +47,8 @@ from .server import EmbeddedServer
 NAMESPACE_ENV = "BATCHQ_DEMO_NAMESPACE"
 DEFAULT_NAMESPACE = "batchq-demo"
 QUEUE = "emails"
+CUSTOMERS = 5
+RATE_PER_CUSTOMER = 3_000.0
 CALLBACKS = "demo-callbacks"
 POLL_S = 0.2
 """Progress refresh period (the queue's counts are read 5 times a second)."""
@@ -128,16 +133,31 @@ def _counts(st: QueueStats) -> str:
 # --- the run ---------------------------------------------------------------------------
 
 
-def _emails(n: int) -> Iterator[tuple[str, str]]:
-    for i in range(n):
+def _emails(n: int, customer: int, customers: int) -> Iterator[tuple[str, str]]:
+    for i in range(customer, n, customers):
         yield f"user{i}@example.com", f"Your weekly digest #{i}"
+
+
+def limit(demo: App, customers: int, rate: float) -> None:
+    """Every customer (a group of the queue) at most ``rate`` emails a second, enforced
+    by the pop script across every worker (0: no limit)."""
+    q = demo.queue(QUEUE)
+    if rate <= 0:
+        q.remove_limit(group="*")
+        print(f"flow     {customers} customers, each a group of the queue (served in "
+              "turn); no rate limit")
+        return
+    q.limit(group="*", rate_per_s=rate, burst=max(1, int(rate // 10)))
+    print(f"flow     {customers} customers, each a group of the queue limited to "
+          f"{rate:,.0f} emails/s (queue.limit(group=\"*\", rate_per_s={rate:g})): at most "
+          f"{customers * rate:,.0f} emails/s in all")
 
 
 def _key(email: tuple[str, str]) -> str:
     return f"demo:{email[0]}"
 
 
-def enqueue(demo: App, c: Campaign, n: int, line: Line) -> bool:
+def enqueue(demo: App, c: Campaign, n: int, line: Line, customers: int = CUSTOMERS) -> bool:
     """Write ``n`` jobs into the campaign with ``enqueue_many`` and a dedup key each (in
     slices, to show progress), then seal it. A sealed campaign gets nothing."""
     before = c.stats()
@@ -149,13 +169,18 @@ def enqueue(demo: App, c: Campaign, n: int, line: Line) -> bool:
     step = CHUNK * WINDOW  # one pipelined round trip of enqueue_many
     written = 0
     start = time.perf_counter()
-    items = _emails(n)
-    while written < n:
-        part = min(step, n - written)
-        ids = task.enqueue_many((next(items) for _ in range(part)), key_fn=_key)
-        written += len(ids)
-        elapsed = time.perf_counter() - start
-        line.update(f"enqueue  {written:,} / {n:,}  {_rate(written, elapsed)}")
+    for customer in range(customers):
+        mine = len(range(customer, n, customers))
+        items = _emails(n, customer, customers)
+        sender = task.options(group=f"customer{customer}")
+        done = 0
+        while done < mine:
+            part = min(step, mine - done)
+            ids = sender.enqueue_many((next(items) for _ in range(part)), key_fn=_key)
+            done += len(ids)
+            written += len(ids)
+            elapsed = time.perf_counter() - start
+            line.update(f"enqueue  {written:,} / {n:,}  {_rate(written, elapsed)}")
     elapsed = time.perf_counter() - start
     c.seal()
     added = c.stats().total - before.total
@@ -222,7 +247,7 @@ class Bar:
             self.progress.stop()
 
 
-def drain(demo: App, c: Campaign, line: Line, log: IO[bytes]
+def drain(demo: App, c: Campaign, line: Line, log: IO[bytes], limit_per_s: float = 0.0,
           ) -> tuple[int | None, QueueStats]:
     """Run one burst worker to the end, showing progress. Returns its exit code (None if
     it had to be stopped) and the queue's final counts."""
@@ -276,6 +301,11 @@ def drain(demo: App, c: Campaign, line: Line, log: IO[bytes]
             steady = f", {_rate(done - first[1], elapsed - (first[0] - start))} once running"
         line.done(f"drain    {done:,} / {n:,} jobs done in {elapsed:.2f} s = "
                   f"{_rate(done, elapsed)} (worker start to exit{steady})")
+        if limit_per_s > 0 and first is not None and elapsed - (first[0] - start) > 0:
+            achieved = (done - first[1]) / (elapsed - (first[0] - start))
+            line.done(f"flow     limit {limit_per_s:,.0f} emails/s in all; achieved "
+                      f"{achieved:,.0f} emails/s once running "
+                      f"({achieved / limit_per_s:.0%} of the limit)")
         return code, st
     finally:
         bar.close()
@@ -301,7 +331,8 @@ def _callbacks(demo: App) -> None:
 
 
 def run(redis_url: str, n: int, campaign_id: str | None = None,
-        namespace: str | None = None) -> int:
+        namespace: str | None = None, customers: int = CUSTOMERS,
+        rate: float = RATE_PER_CUSTOMER) -> int:
     """The demo against ``redis_url``; returns the exit code. With neither
     ``campaign_id`` nor ``namespace`` it works in a namespace of its own, deleted at the
     end; otherwise the campaign stays (a second run adds nothing)."""
@@ -315,13 +346,14 @@ def run(redis_url: str, n: int, campaign_id: str | None = None,
                           on_complete=demo.tasks["campaign_done"])
         print(f"queue    {QUEUE!r} in namespace {namespace!r}; task send_email(to, subject): "
               f"simulated, no network; campaign {c.id!r}")
-        if not enqueue(demo, c, n, line):
+        limit(demo, customers, rate)
+        if not enqueue(demo, c, n, line, customers):
             print("FAILED: enqueue_many returned fewer ids than items", file=sys.stderr)
             return 1
         print("worker   batchq worker batchq.dev.demo:app --burst  (1 process, "
               f"concurrency {os.environ.get('BATCHQ_CONCURRENCY', '100')})")
         with tempfile.TemporaryFile() as log:
-            code, st = drain(demo, c, line, log)
+            code, st = drain(demo, c, line, log, customers * rate)
             problems = []
             if code != 0:
                 problems.append("worker did not finish" if code is None
@@ -362,6 +394,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--campaign", default=None, metavar="ID",
                    help="the campaign id; run again with the same id to see nothing added "
                    "(default: a new one, deleted at the end)")
+    p.add_argument("--customers", type=int, default=CUSTOMERS, metavar="N",
+                   help=f"customers the emails are sent for, one group each (default "
+                   f"{CUSTOMERS})")
+    p.add_argument("--rate-per-customer", type=float, default=RATE_PER_CUSTOMER,
+                   metavar="R", help=f"emails a second per customer at most (default "
+                   f"{RATE_PER_CUSTOMER:,.0f}; 0: no limit)")
     p.add_argument("--namespace", default=None, metavar="NS",
                    help=f"key namespace (default {DEFAULT_NAMESPACE} with --campaign, else a "
                    "new one, deleted at the end)")
@@ -372,6 +410,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.jobs < 1:
         print("--jobs must be at least 1", file=sys.stderr)
+        return 2
+    if not 1 <= args.customers <= 1000:
+        print("--customers must be in 1..1000", file=sys.stderr)
+        return 2
+    if not 0 <= args.rate_per_customer <= 1_000_000 \
+            or args.rate_per_customer != args.rate_per_customer:
+        print("--rate-per-customer must be in 0..1,000,000", file=sys.stderr)
         return 2
     try:
         if args.campaign is not None:
@@ -386,11 +431,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if url:
             print(f"redis    {redact(url)} (from $BATCHQ_REDIS_URL)")
-            return run(url, args.jobs, args.campaign, args.namespace)
+            return run(url, args.jobs, args.campaign, args.namespace, args.customers,
+                       args.rate_per_customer)
         with EmbeddedServer() as server:
             print(f"redis    embedded Valkey at {server.url} ($BATCHQ_REDIS_URL is unset; "
                   "stopped at the end)")
-            return run(server.url, args.jobs, args.campaign, args.namespace)
+            return run(server.url, args.jobs, args.campaign, args.namespace,
+                       args.customers, args.rate_per_customer)
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         print(f"\nFAILED: cannot reach Redis: {exc}", file=sys.stderr)
         return 1

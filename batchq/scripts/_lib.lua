@@ -311,9 +311,13 @@ end
 
 -- Tokens in bucket f (gstate "<f>:t" / "<f>:ts") now; the state is written only when
 -- tokens are taken (take_tokens), never on a refused take, so a throttled bucket refills.
+local function burst_of(lim)
+  return lim.burst or math.max(1, math.ceil(lim.rate / 10))
+end
+
 local function tokens(gstate, f, lim, now)
   local v = redis.call('HMGET', gstate, f .. ':t', f .. ':ts')
-  local burst = lim.burst or math.max(1, math.ceil(lim.rate / 10))
+  local burst = burst_of(lim)
   local t, ts = tonumber(v[1]), tonumber(v[2])
   if not t or not ts then return burst end
   return math.min(burst, t + math.max(0, now - ts) * lim.rate / 1000)
@@ -323,9 +327,12 @@ local function take_tokens(gstate, f, left, now)
   redis.call('HSET', gstate, f .. ':t', left, f .. ':ts', now)
 end
 
--- When the bucket holding `t` tokens has one again (ms, server clock).
-local function next_token(t, lim, now)
-  return now + math.max(1, math.ceil((1 - t) * 1000 / lim.rate))
+-- When the bucket holding `t` tokens is worth a look again (ms, server clock): when it
+-- has `most` tokens (a turn's worth) or 10 ms of them, whichever is fewer, at least one.
+-- Waking for every single token would make a fast limit cost one fetch per job.
+local function next_token(t, lim, now, most)
+  local need = math.max(1, math.min(most, burst_of(lim), lim.rate / 100))
+  return now + math.max(1, math.ceil((need - t) * 1000 / lim.rate))
 end
 
 -- Add delta[g] to field "<g><suffix>" of gstate for every group g in order: one HMGET

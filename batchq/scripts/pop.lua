@@ -307,7 +307,7 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
     end
     if qlim.rate and want > 0 then
       qtok = tokens(gstate, QUEUE, qlim, now)
-      if qtok < 1 then soon(next_token(qtok, qlim, now)) end
+      if qtok < 1 then soon(next_token(qtok, qlim, now, want)) end
       want = math.min(want, math.floor(qtok))
     end
   end
@@ -362,7 +362,7 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
       local gtok
       if lim and lim.rate and n > 0 then
         gtok = tokens(gstate, g, lim, now)
-        if gtok < 1 then why = next_token(gtok, lim, now) end
+        if gtok < 1 then why = next_token(gtok, lim, now, QUANTUM * w) end
         n = math.min(n, math.floor(gtok))
       end
       if n > 0 then

@@ -124,7 +124,10 @@ class Outcomes:
         group = group_of(job.id)
         log.info("job %s (%s) rate limited: its %s is held for %.1fs", job.id, job.task,
                  "group" if group else "queue", exc.retry_after_s)
-        ms = round(exc.retry_after_s * 1000)
+        try:  # a handler may have changed the attribute to anything
+            ms = round(min(max(float(exc.retry_after_s), 0.0), 86400.0) * 1000)
+        except (TypeError, ValueError, OverflowError):
+            ms = 1000
         back = [job]
         keep: list[Job | list[Job]] = []
         for item in st.work:

@@ -55,6 +55,20 @@ def build(redis_url: str, namespace: str, log_path: str | None = None) -> batchq
                 raise batchq.RateLimited(hold_s)
             _record(log_path, "work", job, t0, time.time())
 
+    @app.task(batch_size=1, max_attempts=1)
+    async def hostile_limit(jobs: list[batchq.Job]) -> None:
+        """The first run raises a RateLimited whose retry_after_s was set to nan."""
+        for job in jobs:
+            t0 = time.time()
+            marker = f"{log_path}.{job.args[0]}.limited"
+            if not os.path.exists(marker):
+                open(marker, "w").close()
+                exc = batchq.RateLimited(0.1)
+                exc.retry_after_s = float("nan")
+                _record(log_path, "limited", job, t0, time.time())
+                raise exc
+            _record(log_path, "work", job, t0, time.time())
+
     return app
 
 

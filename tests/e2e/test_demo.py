@@ -34,6 +34,8 @@ def _assert_ok(proc: subprocess.CompletedProcess[str]) -> str:
                      out, re.M), out
     assert re.search(r"^check\s+worker exit 0; ready 0\s+delayed 0\s+reserved 0\s+dead 0: OK$",
                      out, re.M), out
+    assert re.search(r"^flow\s+5 customers, each a group of the queue limited to 3,000 "
+                     r"emails/s .*: at most 15,000 emails/s in all$", out, re.M), out
     return out
 
 

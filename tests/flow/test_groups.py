@@ -169,3 +169,13 @@ def test_groups_with_campaigns_and_dedup_keys(app, queue_name, start_worker, run
     st = c.stats()
     assert (st.total, st.succeeded, st.pending) == (6, 6, 0)
     assert q.groups() == []
+
+
+def test_python_and_lua_agree_on_the_flow_constants():
+    from pathlib import Path
+
+    from batchq import limits
+
+    lib = (Path(limits.__file__).parent / "scripts" / "_lib.lua").read_text()
+    assert f"local BLOCKED = {limits.BLOCKED:.0e}".replace("e+", "e") in lib
+    assert f"local QUEUE = '{limits.QUEUE_FIELD}'" in lib

@@ -212,3 +212,16 @@ def test_a_killed_worker_leaks_no_concurrency_slot(app, queue_name, start_worker
     assert r.hget(k.gstate, f"{group_hex('g')}:run") is None  # every slot came back
     assert r.zcard(k.reserved) == 0 and q.stats().pending == 0
     assert _max_overlap([(x.start, x.end) for x in runs() if x.pid == second.pid]) <= 2
+
+
+def test_a_hostile_rate_limited_cannot_break_the_worker(app, queue_name, start_worker,
+                                                       runs):
+    """retry_after_s changed to nan after construction: the job is held 1 s and runs."""
+    app.tasks["hostile_limit"].options(queue=queue_name, group="h").enqueue("x")
+    with pytest.raises(ValueError, match="retry_after_s"):
+        batchq.RateLimited(float("inf"))
+    proc = start_worker(queue_name, "--burst")
+    assert wait_exit(proc, 30) == 0, proc.read_log()
+    (limited,) = [r for r in runs() if r.kind == "limited"]
+    (done,) = [r for r in runs() if r.kind == "work"]
+    assert done.start >= limited.start + 0.9 and done.attempt == 1
