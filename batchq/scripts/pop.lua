@@ -319,7 +319,15 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   local looked = math.min(want, 2 * math.ceil(want / QUANTUM))
   local sel = want > 0 and redis.call('ZRANGE', groups, 0, looked - 1, 'WITHSCORES') or {}
   local plain = want
-  if #sel > 0 then plain = math.ceil(want / (#sel / 2 + 1)) end
+  if #sel > 0 then
+    -- the plain lists take one participant's share, and when there is less than one
+    -- job for each, their turn comes once per round like a group's (a pop counter)
+    local parts = #sel / 2 + 1
+    plain = math.floor(want / parts)
+    if plain == 0 and redis.call('HINCRBY', gstate, 'pturn', 1) % parts == 0 then
+      plain = 1
+    end
+  end
   -- what each participant gets this call, taken in turns below (one job each per turn)
   local lanes, lane_group = {{}}, {false}
   for p = 9, 0, -1 do
