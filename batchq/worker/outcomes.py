@@ -241,7 +241,10 @@ class Outcomes:
             if kind == "dead":
                 for (task, reason), n in collections.Counter(labels).items():
                     bump(m.dead, (q, task, reason), n)
-            else:
+            elif labels:
                 target = m.succeeded if kind == "ok" else m.retried
+                if labels.count(labels[0]) == len(labels):  # one task: the usual chunk
+                    bump(target, (q, labels[0]), len(labels))
+                    continue
                 for task, n in collections.Counter(labels).items():
                     bump(target, (q, task), n)
