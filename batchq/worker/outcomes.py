@@ -72,6 +72,24 @@ class Outcomes:
         b.ack_tasks.append(job.task)
         self.st.counters.succeeded += 1
 
+    def ack_many(self, jobs: list[Job]) -> None:
+        """``ack`` each of ``jobs`` (a batch handler's successes), with the shared
+        bookkeeping done once."""
+        st = self.st
+        held, buf = st.held, st.buf
+        for job in jobs:
+            held[job.queue].pop(job.lease, None)
+            b = buf[job.queue]
+            b.acks.append(job.lease)
+            b.ack_tasks.append(job.task)
+        n = len(jobs)
+        st.in_flight -= n
+        st.jobs_done += n
+        st.counters.succeeded += n
+        if n:
+            st.flush_event.set()
+            st.room.set()
+
     def succeeded(self, job: Job, task: Task[..., Any], value: Any) -> None:
         """A handler returned ``value``: ack, keeping the value when the task keeps
         results."""

@@ -40,7 +40,6 @@ from .outcomes import Outcomes, describe
 from .state import YIELD_EVERY_S, State
 
 if TYPE_CHECKING:
-    from ..metrics import JobSeries, Recorder
     from ..task import Task
 
 log = logging.getLogger("batchq.worker")
@@ -190,16 +189,6 @@ class Runners:
                       type(exc).__name__, describe(exc))
         self.out.fail(job, task, exc, "failed")
 
-    @staticmethod
-    def _started(job: Job, m: Recorder) -> JobSeries:
-        """Count a run started (and its wait, on a first attempt); returns the job's
-        series for its run time. A counter and an append: ``Recorder.fold`` buckets."""
-        ser = m.series.get((job.queue, job.task)) or m.series_of(job.queue, job.task)
-        ser.started += 1
-        if job.attempt == 1:
-            ser.waits.append(_now() - job.ready_ms / 1000)
-        return ser
-
     async def _run_one(self, job: Job) -> None:
         st = self.st
         task = st.tasks.get(job.task)
@@ -211,7 +200,7 @@ class Runners:
         m = st.m
         ser = None
         t0 = 0.0
-        if m is not None:  # self._started(job, m), inlined
+        if m is not None:  # a start counted, its wait and run time appended
             ser = m.series.get((job.queue, job.task)) or m.series_of(job.queue, job.task)
             ser.started += 1
             if job.attempt == 1:
@@ -291,15 +280,17 @@ class Runners:
         if m is None:
             await self._run_batch_timed(jobs)
             return
-        ser = None
-        for j in jobs:
-            ser = self._started(j, m)
+        # one (queue, task) per batch: accept groups a fetch's jobs by task
+        ser = m.series.get((jobs[0].queue, jobs[0].task)) or m.series_of(jobs[0].queue,
+                                                                         jobs[0].task)
+        ser.started += len(jobs)
+        now = _now()
+        ser.waits += [now - j.ready_ms / 1000 for j in jobs if j.attempt == 1]
         t0 = _perf()
         try:
             await self._run_batch_timed(jobs)
         finally:
-            if ser is not None:
-                ser.runs.extend([_perf() - t0] * len(jobs))
+            ser.runs += [_perf() - t0] * len(jobs)
 
     async def _run_batch_timed(self, jobs: list[Job]) -> None:
         st = self.st
@@ -335,6 +326,9 @@ class Runners:
         except Exception as exc:  # a hostile mapping: nothing it says can be trusted
             for j in jobs:
                 self.out.fail(j, task, exc, "failed")
+            return
+        if not any(e is not None for e in errors):  # the usual case: all succeeded
+            self.out.ack_many(jobs)
             return
         for j, err in zip(jobs, errors, strict=True):
             if err is None:
