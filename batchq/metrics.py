@@ -1,10 +1,12 @@
 """Prometheus metrics: definitions (built in the worker process, never before a fork),
 cheap per-job aggregation, and the collectors read at scrape time.
 
-Hot path: a worker does not touch prometheus_client per job. It adds to plain dicts
-(``Recorder``) and a flush task moves the sums into the real metrics once a second, so
-metrics cost a few hundred nanoseconds per job. Histograms are aggregated the same way
-(bucket counts and sums) and added to prometheus_client's histogram children in bulk.
+Hot path: a worker does not touch prometheus_client per job. Per job a runner only
+bumps a plain counter and appends its wait and run times to two lists of the job's
+(queue, task) ``JobSeries``; every ``FOLD_EVERY_S`` those lists are bucketed in bulk
+(``_Hist.observe_many``: C-level max, sort and bisect) into plain dicts of bucket
+counts and sums (``Recorder.fold``), and a flush task moves the sums into the real
+metrics once a second, adding to prometheus_client's histogram children in bulk.
 
 Under the supervisor the metrics use prometheus_client's multiprocess mode: the CLI sets
 ``PROMETHEUS_MULTIPROC_DIR`` (wiped at start) before anything imports the library, each
@@ -83,11 +85,57 @@ class _Hist:
         c[bisect.bisect_left(self.bounds, value)] += 1
         self.sums[key] += value
 
+    def observe_many(self, key: tuple[str, ...], values: list[float]) -> None:
+        """``observe`` each of ``values`` (a negative one counts as 0), in bulk: the
+        values in the first bucket (most run times of short jobs) are counted at once,
+        the others sorted and split at each bound (C-level sort and bisect; ~40 ns a
+        value, against ~400 for ``observe`` per value)."""
+        if not values:
+            return
+        c = self.counts.get(key)
+        if c is None:
+            c = self.counts[key] = [0] * (len(self.bounds) + 1)
+            self.sums[key] = 0.0
+        first = self.bounds[0]
+        if max(values) <= first:  # le is inclusive
+            c[0] += len(values)
+        else:
+            big = [v for v in values if v > first]
+            c[0] += len(values) - len(big)
+            big.sort()
+            done = 0
+            for i, bound in enumerate(self.bounds[1:], 1):
+                upto = bisect.bisect_right(big, bound, done)
+                c[i] += upto - done
+                done = upto
+            c[-1] += len(big) - done
+        self.sums[key] += sum(values) if min(values) >= 0 else sum(
+            v for v in values if v > 0)
+
     def drain(self) -> Iterator[tuple[tuple[str, ...], list[int], float]]:
         counts, sums = self.counts, self.sums
         self.counts, self.sums = {}, {}
         for key, c in counts.items():
             yield key, c, sums[key]
+
+
+class JobSeries:
+    """What the runners note per job of one (queue, task), at the least cost Python
+    allows: runs started, and the raw wait and run times (seconds) until the next
+    ``Recorder.fold`` buckets them."""
+
+    __slots__ = ("runs", "started", "waits")
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.waits: list[float] = []
+        """Ready (or due) to start of first attempts."""
+        self.runs: list[float] = []
+
+
+FOLD_EVERY_S = 0.1
+"""How often the raw per-job times are bucketed: bounds the lists (a few thousand
+floats at full speed)."""
 
 
 class Recorder:
@@ -96,6 +144,8 @@ class Recorder:
     def __init__(self) -> None:
         from prometheus_client import Counter, Gauge, Histogram
 
+        self.series: dict[tuple[str, str], JobSeries] = {}
+        """Per (queue, task), filled by the runners (``series_of``)."""
         self.started: dict[tuple[str, str], int] = {}
         self.succeeded: dict[tuple[str, str], int] = {}
         self.failed: dict[tuple[str, str, str], int] = {}
@@ -156,8 +206,29 @@ class Recorder:
     def set_concurrency(self, n: int) -> None:
         self._g_concurrency.set(n)
 
+    def series_of(self, queue: str, task: str) -> JobSeries:
+        key = (queue, task)
+        s = self.series.get(key)
+        if s is None:
+            s = self.series[key] = JobSeries()
+        return s
+
+    def fold(self) -> None:
+        """Bucket the runners' raw per-job figures into the local aggregates."""
+        for key, s in self.series.items():
+            if s.started:
+                bump(self.started, key, s.started)
+                s.started = 0
+            if s.waits:
+                waits, s.waits = s.waits, []
+                self.wait.observe_many(key, waits)
+            if s.runs:
+                runs, s.runs = s.runs, []
+                self.run.observe_many(key, runs)
+
     def flush(self, in_progress: dict[str, int]) -> None:
         """Publish what was counted since the last flush."""
+        self.fold()
         for src, metric in ((self.started, self._c_started),
                             (self.succeeded, self._c_succeeded),
                             (self.failed, self._c_failed), (self.retried, self._c_retried),

@@ -44,7 +44,6 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import redis
 import redis.asyncio
-from croniter import croniter
 from redis.exceptions import RedisClusterException
 
 from . import producer
@@ -55,6 +54,8 @@ from .scripts import calls
 from .task import Task
 
 if TYPE_CHECKING:
+    from croniter import croniter
+
     from .clients import Clients
 
 
@@ -87,6 +88,14 @@ _REDIS_ERRORS = (redis.RedisError, RedisClusterException, OSError, RuntimeError)
 worker it runs in."""
 
 
+
+def _croniter() -> type[croniter]:
+    """croniter (and dateutil under it), imported for the first cron schedule only: a
+    worker whose app has none never pays for them (~10 ms of start-up)."""
+    from croniter import croniter
+
+    return croniter
+
 @dataclass(frozen=True)
 class Schedule:
     """When a periodic task runs. Exactly one of ``cron`` and ``every_s`` is set."""
@@ -103,7 +112,7 @@ class Schedule:
             raise ValueError(f"periodic task {self.name!r}: give cron=... or every_s=..., "
                              "exactly one")
         if self.cron is not None and not (isinstance(self.cron, str)
-                                          and croniter.is_valid(self.cron)):
+                                          and _croniter().is_valid(self.cron)):
             raise ValueError(f"periodic task {self.name!r}: invalid cron expression "
                              f"{self.cron!r}")
         if self.every_s is not None and not (
@@ -147,7 +156,7 @@ class Schedule:
         assert self.cron is not None
         # croniter's get_prev is strict: start 1 ms later so a tick exactly now counts
         start = datetime.fromtimestamp((now_ms + 1) / 1000, self.zone)
-        return round(croniter(self.cron, start).get_prev(float) * 1000)
+        return round(_croniter()(self.cron, start).get_prev(float) * 1000)
 
     def next_tick_ms(self, now_ms: int) -> int:
         """The first tick after ``now_ms`` (Unix ms)."""
@@ -155,7 +164,7 @@ class Schedule:
             return self.latest_tick_ms(now_ms) + round(self.every_s * 1000)
         assert self.cron is not None
         start = datetime.fromtimestamp(now_ms / 1000, self.zone)
-        return round(croniter(self.cron, start).get_next(float) * 1000)
+        return round(_croniter()(self.cron, start).get_next(float) * 1000)
 
 
 _SCHEDULES: WeakKeyDictionary[PeriodicOwner, dict[str, Schedule]] = WeakKeyDictionary()

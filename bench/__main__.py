@@ -1,6 +1,6 @@
 """``python -m bench SCENARIO [options]``: the batchq benchmark harness.
 
-Scenarios: enqueue, drain, latency, memory, idle, scale (batchq alone), peers (batchq
+Scenarios: enqueue, drain, allin, latency, memory, idle, scale (batchq alone), peers (batchq
 side by side with other Redis queues), plot (a PNG from latency records). Each scenario
 run writes one JSON record to ``bench/results/<scenario>-<timestamp>.json`` and prints a
 markdown table. See bench/README.md for what exactly each figure times.
@@ -14,12 +14,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-SCENARIOS = ("enqueue", "drain", "latency", "memory", "idle", "scale", "campaign", "fanout",
-             "groups", "ratecheck")
+SCENARIOS = ("enqueue", "drain", "allin", "latency", "memory", "idle", "scale", "campaign",
+             "fanout", "groups", "ratecheck")
 COMMANDS = (*SCENARIOS, "peers", "plot")
 
 # (full, --quick) defaults of --jobs per scenario
-JOBS = {"enqueue": (50_000, 2_000), "drain": (100_000, 2_000), "latency": (50_000, 2_000),
+JOBS = {"enqueue": (50_000, 2_000), "drain": (100_000, 2_000), "allin": (1_000_000, 5_000),
+        "latency": (50_000, 2_000),
         "memory": (1_000_000, 2_000), "scale": (50_000, 2_000),
         "campaign": (100_000, 2_000), "fanout": (100_000, 2_000), "groups": (100_000, 2_000)}
 
@@ -80,6 +81,10 @@ def add_scenario_args(p: argparse.ArgumentParser, scenario: str) -> None:
                        help="rate of the idle level (default 50 jobs/s: one every 20 ms)")
         p.add_argument("--levels", default="25,50,75,90",
                        help="percentages of the max rate (default 25,50,75,90)")
+    if scenario == "allin":
+        p.add_argument("--before", type=Path, default=None,
+                       help="another checkout (e.g. `git archive COMMIT | tar -x -C DIR`) "
+                       "whose worker runs every case too, alternating with this one")
     if scenario == "campaign":
         p.add_argument("--campaigns", type=int, default=None,
                        help="campaigns of the completion-latency case (default 50, --quick 5)")
@@ -135,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="scenario", required=True)
     helps = {"enqueue": "enqueue throughput: single, enqueue_many, async producers",
              "drain": "drain throughput of a worker fleet: no-op and batch handlers",
+             "allin": "`batchq worker --burst` timed from start to exit, default flags",
              "latency": "open-loop latency at idle and at 25-90 %% of max throughput",
              "memory": "Redis bytes per queued job; worker RSS while draining",
              "idle": "CPU and Redis commands/s of an idle fleet",
@@ -153,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run_scenario(args: argparse.Namespace) -> int:
     from . import harness
+    from .allin import run_allin
     from .campaigns import run_campaign
     from .flow import run_fanout, run_groups, run_ratecheck
     from .latency import run_latency
@@ -173,6 +180,8 @@ def _run_scenario(args: argparse.Namespace) -> int:
         "drain": lambda ctx, rec: run_drain(
             ctx, rec, jobs=jobs, repeat=repeat, processes=args.processes,
             concurrency=args.concurrency),
+        "allin": lambda ctx, rec: run_allin(
+            ctx, rec, jobs=jobs, repeat=repeat, before=args.before),
         "scale": lambda ctx, rec: run_scale(
             ctx, rec, jobs=jobs, repeat=repeat, max_processes=args.processes,
             concurrency=args.concurrency,

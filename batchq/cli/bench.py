@@ -38,16 +38,18 @@ import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import exitcodes
-from ..keys import load_keys
-from ..load.driver import CHILD_LEAD_S, Driver, RunGone, new_run_id, profile_of, spawn_children
-from ..load.profiles import AbortRule, parse_abort, parse_ramp, parse_steps
-from ..load.report import bottlenecks, build, render, write_html, write_png
-from ..loadgen import Profile
 from ..loading import AppImportError, load_app
 from .flags import add_redis_url, seconds
+
+# the load-test machinery is imported by the commands that use it: the parser of every
+# `batchq` command (a worker's start-up included) builds this module's subcommands
+if TYPE_CHECKING:
+    from ..load.driver import Driver
+    from ..load.profiles import AbortRule
+    from ..loadgen import Profile
 
 HARNESS_COMMANDS = ("enqueue", "drain", "latency", "memory", "idle", "scale", "peers", "plot")
 
@@ -179,6 +181,9 @@ class _Usage(Exception):
 
 def _profile(args: argparse.Namespace) -> Profile | None:
     """The rate profile of the flags (None: none given, take the run's with --join)."""
+    from ..load.profiles import parse_ramp, parse_steps
+    from ..loadgen import Profile
+
     given = [f for f in ("rate", "steps", "ramp") if getattr(args, f) is not None]
     if len(given) > 1:
         raise _Usage(f"give one of --rate, --steps, --ramp (got {', '.join(given)})")
@@ -205,6 +210,8 @@ def _profile(args: argparse.Namespace) -> Profile | None:
 
 def _check(args: argparse.Namespace) -> tuple[Profile | None, list[AbortRule],
                                               tuple[int, int] | None]:
+    from ..load.profiles import parse_abort
+
     profile = _profile(args)
     try:
         rules = [parse_abort(r) for r in args.abort_on]
@@ -287,6 +294,10 @@ def _run_async(coro: Any) -> Any:
 async def _load(args: argparse.Namespace, app: Any, task: Any, profile: Profile | None,
                 rules: list[AbortRule], part: tuple[int, int] | None,
                 job: tuple[list[Any], dict[str, Any]] | None) -> int:
+    from ..keys import load_keys
+    from ..load.driver import CHILD_LEAD_S, Driver, RunGone, new_run_id, profile_of, spawn_children
+    from ..load.report import bottlenecks, build, render, write_html, write_png
+
     tty = sys.stderr.isatty()
 
     def say(line: str) -> None:

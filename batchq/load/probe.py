@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..keys import LoadKeys, load_keys
-from .merge import Share
 
 if TYPE_CHECKING:
     from ..codec import Job
     from ..scripts import AsyncScripts
+    from .merge import Share
 
 __all__ = ["LOAD_KWARG", "CurrentJob", "Probe", "current_job"]
 
@@ -136,6 +136,8 @@ class Probe:
             except ValueError as exc:
                 log.warning("%s; running the job as a plain job", exc)
                 return None
+            from .merge import Share  # here: every worker imports this module
+
             with self.lock:
                 run = self.runs.setdefault(run_id, _Run(keys, Share()))
         return run

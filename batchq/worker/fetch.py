@@ -89,15 +89,21 @@ class Fetcher:
                 continue
             if got:
                 continue
-            if s.burst and st.in_flight == 0:
+            if s.burst:
+                if st.in_flight:
+                    # this process's last jobs are running: pop again as soon as they
+                    # have all settled (they may have made retries due), not a poll later
+                    await self.idle_wait(min(wait_s, BURST_POLL_S), settled=True)
+                    continue
                 try:
+                    # our own acks first, so the check below does not see our leases
+                    await self.out.flush()
                     done = await self._burst_done()
                 except REDIS_ERRORS as exc:
                     log.warning("burst check failed (%s); retrying", exc)
                     done = False
                 if done:
                     break
-            if s.burst:
                 # others' reservations or delayed jobs remain: look again soon
                 wait_s = min(wait_s, BURST_POLL_S)
             await self.idle_wait(wait_s)
@@ -242,8 +248,9 @@ class Fetcher:
         st.exit_code = EXIT_STALLED
         return True
 
-    async def idle_wait(self, wait_s: float) -> None:
-        """Block until a wake token, ``wait_s`` elapses, or a stop."""
+    async def idle_wait(self, wait_s: float, *, settled: bool = False) -> None:
+        """Block until a wake token, ``wait_s`` elapses, or a stop; with ``settled``,
+        also until every job in this process has settled."""
         if wait_s <= 0:
             return
         st = self.st
@@ -251,13 +258,23 @@ class Fetcher:
             keys = [k.wake for k in st.queues]
             self._blpop = asyncio.create_task(self._blpop_once(keys))
         stop = asyncio.ensure_future(st.stop_event.wait())
+        waits: list[asyncio.Future[Any]] = [self._blpop, stop]
+        if settled:
+            waits.append(asyncio.ensure_future(self._all_settled()))
         self._idle = True
         try:
-            await asyncio.wait((self._blpop, stop), timeout=wait_s,
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waits, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
         finally:
             self._idle = False
-            stop.cancel()
+            for w in waits[1:]:
+                w.cancel()
+
+    async def _all_settled(self) -> None:
+        """Return once nothing is in flight (``room`` is set at every settle)."""
+        st = self.st
+        while st.in_flight:
+            st.room.clear()
+            await st.room.wait()
 
     async def _blpop_once(self, keys: list[str]) -> None:
         st = self.st

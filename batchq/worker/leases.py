@@ -31,7 +31,9 @@ class Leases:
         every = st.settings.lease_s / 3
         lease_ms = int(st.settings.lease_s * 1000)
         while not st.closing:
-            await asyncio.sleep(every)
+            await st.sleep_unless_closed(every)
+            if st.closing:
+                return
             for k in st.queues:
                 # results not written yet still hold their leases
                 leases = [*st.held[k.queue], *st.buf[k.queue].leases()]

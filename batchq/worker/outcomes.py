@@ -73,6 +73,24 @@ class Outcomes:
         b.ack_tasks.append(job.task)
         self.st.counters.succeeded += 1
 
+    def ack_many(self, jobs: list[Job]) -> None:
+        """``ack`` each of ``jobs`` (a batch handler's successes), with the shared
+        bookkeeping done once."""
+        st = self.st
+        held, buf = st.held, st.buf
+        for job in jobs:
+            held[job.queue].pop(job.lease, None)
+            b = buf[job.queue]
+            b.acks.append(job.lease)
+            b.ack_tasks.append(job.task)
+        n = len(jobs)
+        st.in_flight -= n
+        st.jobs_done += n
+        st.counters.succeeded += n
+        if n:
+            st.flush_event.set()
+            st.room.set()
+
     def succeeded(self, job: Job, task: Task[..., Any], value: Any) -> None:
         """A handler returned ``value``: ack, keeping the value when the task keeps
         results."""
@@ -287,7 +305,10 @@ class Outcomes:
             elif kind == "held":
                 for task, n in collections.Counter(labels).items():
                     bump(m.held, (q, task), n)
-            else:
+            elif labels:
                 target = m.succeeded if kind == "ok" else m.retried
+                if labels.count(labels[0]) == len(labels):  # one task: the usual chunk
+                    bump(target, (q, labels[0]), len(labels))
+                    continue
                 for task, n in collections.Counter(labels).items():
                     bump(target, (q, task), n)

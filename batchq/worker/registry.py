@@ -20,7 +20,6 @@ hot path, whose errors are logged and never stop the heartbeat.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -93,9 +92,10 @@ class Registry:
             if not st.stopping and time.monotonic() >= self._trim_at:
                 self._trim_at = time.monotonic() + TRIM_EVERY_S
                 await self.trim_dead()
-            # a plain sleep, not one that a stop cuts short: the stop event stays set
-            # while jobs drain, and the loop would spin
-            await asyncio.sleep(st.settings.heartbeat_interval_s)
+            # a pause that a stop does not cut short (the stop event stays set while jobs
+            # drain, and the loop would spin), but the close does: a cancellation
+            # swallowed inside a redis-py call above must not hold the exit for a beat
+            await st.sleep_unless_closed(st.settings.heartbeat_interval_s)
 
     async def trim_dead(self) -> int:
         """Apply the app's dead-letter retention to every served queue; returns how many

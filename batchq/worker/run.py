@@ -40,10 +40,12 @@ from .outcomes import Outcomes, describe
 from .state import YIELD_EVERY_S, State
 
 if TYPE_CHECKING:
-    from ..metrics import Recorder
     from ..task import Task
 
 log = logging.getLogger("batchq.worker")
+
+_perf = time.perf_counter
+_now = time.time
 
 
 class JobFailed(Exception):
@@ -187,13 +189,6 @@ class Runners:
                       type(exc).__name__, describe(exc))
         self.out.fail(job, task, exc, "failed")
 
-    def _started(self, job: Job, m: Recorder) -> None:
-        key = (job.queue, job.task)
-        started = m.started
-        started[key] = started.get(key, 0) + 1
-        if job.attempt == 1:
-            m.wait.observe(key, max(0.0, time.time() - job.ready_ms / 1000))
-
     async def _run_one(self, job: Job) -> None:
         st = self.st
         task = st.tasks.get(job.task)
@@ -201,12 +196,16 @@ class Runners:
             exc = LookupError(f"no task named {job.task!r} is registered")
             self.out.bury(job, "unknown_task", exc)
             return
-        # the hot path: one coroutine per job, metrics inline (plain dict and list updates)
+        # the hot path: one coroutine per job, metrics inline (a counter and two appends)
         m = st.m
+        ser = None
         t0 = 0.0
-        if m is not None:
-            self._started(job, m)
-            t0 = time.perf_counter()
+        if m is not None:  # a start counted, its wait and run time appended
+            ser = m.series.get((job.queue, job.task)) or m.series_of(job.queue, job.task)
+            ser.started += 1
+            if job.attempt == 1:
+                ser.waits.append(_now() - job.ready_ms / 1000)
+            t0 = _perf()
         fn = task.fn
         if job.kwargs and LOAD_KWARG in job.kwargs:  # a `batchq bench load` job
             fn = self._load_probe().wrap(job, fn, task.is_async)
@@ -232,8 +231,8 @@ class Runners:
                 self._handler_raised(job, task, exc)
             else:
                 self.out.succeeded(job, task, value)
-        if m is not None:
-            m.run.observe((job.queue, job.task), time.perf_counter() - t0)
+        if ser is not None:
+            ser.runs.append(_perf() - t0)
 
     def _load_probe(self) -> Probe:
         if self.probe is None:
@@ -281,16 +280,17 @@ class Runners:
         if m is None:
             await self._run_batch_timed(jobs)
             return
-        for j in jobs:
-            self._started(j, m)
-        t0 = time.perf_counter()
+        # one (queue, task) per batch: accept groups a fetch's jobs by task
+        ser = m.series.get((jobs[0].queue, jobs[0].task)) or m.series_of(jobs[0].queue,
+                                                                         jobs[0].task)
+        ser.started += len(jobs)
+        now = _now()
+        ser.waits += [now - j.ready_ms / 1000 for j in jobs if j.attempt == 1]
+        t0 = _perf()
         try:
             await self._run_batch_timed(jobs)
         finally:
-            elapsed = time.perf_counter() - t0
-            key = (jobs[0].queue, jobs[0].task)
-            for _ in jobs:
-                m.run.observe(key, elapsed)
+            ser.runs += [_perf() - t0] * len(jobs)
 
     async def _run_batch_timed(self, jobs: list[Job]) -> None:
         st = self.st
@@ -326,6 +326,9 @@ class Runners:
         except Exception as exc:  # a hostile mapping: nothing it says can be trusted
             for j in jobs:
                 self.out.fail(j, task, exc, "failed")
+            return
+        if not any(e is not None for e in errors):  # the usual case: all succeeded
+            self.out.ack_many(jobs)
             return
         for j, err in zip(jobs, errors, strict=True):
             if err is None:

@@ -182,6 +182,8 @@ class State:
     scripts: AsyncScripts
     due_event: asyncio.Event
     """Set when ``due_campaigns`` gained an id."""
+    closed: asyncio.Event
+    """Set with ``closing`` (stop step 4): the helper loops' pauses end at once."""
 
     def __init__(self, app: App, settings: WorkerSettings, worker_id: str | None) -> None:
         self.app = app
@@ -234,6 +236,7 @@ class State:
         self.quiet = asyncio.Event()
         self.quiet.set()
         self.due_event = asyncio.Event()
+        self.closed = asyncio.Event()
         s = self.settings
         self.redis = self.app.redis_settings.async_client()
         self.bredis = self.app.redis_settings.async_client(socket_timeout_s=s.max_block_s + 10)
@@ -266,3 +269,17 @@ class State:
     async def sleep_unless_stopped(self, delay_s: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.stop_event.wait(), delay_s)
+
+    def close(self) -> None:
+        """Stop step 4: the helper loops end (``closing``), their pauses cut short."""
+        self.closing = True
+        self.closed.set()
+
+    async def sleep_unless_closed(self, delay_s: float) -> None:
+        """A helper loop's pause, cut short by ``close`` (not by a stop: helpers keep
+        running while jobs drain). Never waits when already closed, so a loop whose
+        cancellation was swallowed inside a redis-py call still ends at once."""
+        if self.closing:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.closed.wait(), delay_s)

@@ -157,7 +157,7 @@ class Worker:
                 # it ends by itself on the stop event, releasing the leader lock
                 await asyncio.wait([sched], timeout=SCHEDULER_STOP_S)
                 helpers.append(sched)
-            st.closing = True
+            st.close()
             for t in helpers:
                 t.cancel()
             # a cancel that lands inside a redis-py call can be swallowed there; never
@@ -195,10 +195,20 @@ class Worker:
                  ",".join(k.queue for k in st.queues), s.concurrency, s.lease_s)
 
     async def _metrics_loop(self) -> None:
+        """Bucket the runners' raw figures every ``FOLD_EVERY_S``, publish them to
+        prometheus_client every ``METRICS_EVERY_S``."""
+        from ..metrics import FOLD_EVERY_S
+
         st = self.state
+        loop = asyncio.get_running_loop()
+        publish_at = loop.time() + METRICS_EVERY_S
         while st.m is not None and not st.closing:
-            await asyncio.sleep(METRICS_EVERY_S)
-            self._publish_metrics()
+            await st.sleep_unless_closed(min(FOLD_EVERY_S, publish_at - loop.time()))
+            if loop.time() >= publish_at:
+                publish_at = loop.time() + METRICS_EVERY_S
+                self._publish_metrics()
+            elif st.m is not None:
+                st.m.fold()
 
     def _publish_metrics(self) -> None:
         st = self.state

@@ -18,6 +18,7 @@ from bench.peers import PEERS, VENV_ROOT, install_argv
 CASES = [
     ("enqueue", ["--jobs", "2000", "--producers", "4"]),
     ("drain", ["--jobs", "2000"]),
+    ("allin", ["--jobs", "2000"]),
     # a fixed 100 % rate keeps the levels small; the probe is drain_once, tested above
     ("latency", ["--max-rate", "4000", "--duration", "0.3", "--levels", "25,75"]),
     ("memory", ["--jobs", "2000"]),
@@ -79,6 +80,12 @@ def test_scenario_quick(scenario: str, extra: list[str], redis_url: str, tmp_pat
     if scenario == "drain":
         assert {r["params"]["task"] for r in rec["rows"]} == {"noop", "batch_noop"}
         assert all(run["jobs"] == 2000 for run in rec["runs"])
+    if scenario == "allin":
+        assert [r["jobs"] for r in rec["runs"]] == [0, 2000, 2000, 2000]
+        for run in rec["runs"][1:]:
+            # start to exit contains first entry to last exit
+            assert run["all_in_jobs_per_s"] <= run["jobs_per_s"] * 1.01, run
+            assert run["worker_cpu_s"] > 0
     if scenario == "memory":
         run = rec["runs"][0]
         assert run["bytes_per_job"] > 0 and run["entry_bytes"] > 100

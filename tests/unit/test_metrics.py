@@ -35,6 +35,46 @@ def test_bulk_histogram_add_equals_observe() -> None:
         {ln for ln in ones if "_created" not in ln}
 
 
+def test_observe_many_equals_observe() -> None:
+    rng = random.Random(11)
+    cases = [
+        [rng.random() * 0.0004 for _ in range(300)],  # all in the first bucket
+        [rng.random() ** 4 * 100 for _ in range(300)] + list(metrics.RUN_BUCKETS),
+        [-0.5, 0.0, 0.0005, 0.00051, 300.0, 301.0, 1e9],  # negatives count as 0
+        [],
+    ]
+    for values in cases:
+        one = metrics._Hist(metrics.RUN_BUCKETS)
+        bulk = metrics._Hist(metrics.RUN_BUCKETS)
+        for v in values:
+            one.observe(("a",), max(0.0, v))
+        bulk.observe_many(("a",), list(values))
+        assert bulk.counts == one.counts
+        for key, total in one.sums.items():
+            assert abs(bulk.sums[key] - total) < 1e-6 * max(1.0, total)
+
+
+def test_recorder_fold_counts_every_job() -> None:
+    code = (
+        "from batchq.metrics import Recorder\n"
+        "r = Recorder()\n"
+        "s = r.series_of('q', 't')\n"
+        "s.started += 3; s.waits += [0.1, 0.2]; s.runs += [0.0001, 0.0002, 2.0]\n"
+        "r.flush({'q': 1})\n"
+        "s.started += 1; s.runs.append(0.0003)\n"
+        "r.flush({'q': 0})\n"
+        "from prometheus_client import REGISTRY as R\n"
+        "g = R.get_sample_value\n"
+        "print(g('batchq_jobs_started_total', {'queue': 'q', 'task': 't'}),\n"
+        "      g('batchq_job_wait_seconds_count', {'queue': 'q', 'task': 't'}),\n"
+        "      g('batchq_job_run_seconds_count', {'queue': 'q', 'task': 't'}),\n"
+        "      g('batchq_job_run_seconds_bucket', {'queue': 'q', 'task': 't', 'le': '0.0005'}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert [float(x) for x in out] == [4.0, 2.0, 4.0, 3.0]
+
+
 def test_fallback_without_private_buckets_keeps_counts() -> None:
     reg = CollectorRegistry()
     h = Histogram("fb_seconds", "h", buckets=(1.0, 2.0), registry=reg)
