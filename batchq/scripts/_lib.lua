@@ -226,3 +226,29 @@ local function set_bits(key, off, count)
     redis.call('BITFIELD', key, 'SET', 'u' .. count, off, 2 ^ count - 1)
   end
 end
+
+-- Set the waiting bits of the sequence numbers in `seqs` (a list; runs of consecutive
+-- numbers, as a chunk's ids have, cost one to three commands each, like enqueue.lua's
+-- runs, instead of one SETBIT per job). KEYS[wait0 + s] is the bitmap of slot s.
+local function set_waiting(seqkey, wait0, seqs)
+  local n = #seqs
+  if n == 0 then return end
+  local top = seq_top(seqkey)
+  local i = 1
+  while i <= n do
+    local s = seqs[i]
+    local j = i
+    while j < n and seqs[j + 1] == seqs[j] + 1 do j = j + 1 end
+    local left = j - i + 1
+    if s < 0 then left = 0 end
+    if s + left > top then left = top - s end  -- never handed out: no bit
+    while left > 0 do
+      local slot, off = wait_pos(top, s)
+      local m = math.min(left, WAIT_GEN - s % WAIT_GEN)
+      if slot then set_bits(KEYS[wait0 + slot], off, m) end
+      s = s + m
+      left = left - m
+    end
+    i = j + 1
+  end
+end
