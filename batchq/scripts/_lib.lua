@@ -144,21 +144,38 @@ local function settle_tracked(campaigns, jobmeta, dedup, dedup_exp, ids, outcome
   if #ids == 0 then return end
   local vals = redis.call('HMGET', jobmeta, unpack(ids))
   local gone, per, order, keys, kids, kttl = {}, {}, {}, {}, {}, {}
+  local ng, nk = 0, 0
+  -- the jobs of one campaign without dedup keys share one entry: a job whose entry is
+  -- the previous one's (one pointer compare: Lua strings are interned) is not parsed
+  local last, last_cid = nil, nil
   for i = 1, #ids do
     local v = vals[i]
-    local nl = v and string.find(v, '\n', 1, true)
-    if nl then
-      gone[#gone + 1] = ids[i]
-      if nl > 1 then
-        local cid = string.sub(v, 1, nl - 1)
-        if not per[cid] then order[#order + 1] = cid; per[cid] = 0 end
-        per[cid] = per[cid] + 1
-      end
-      local nl2 = string.find(v, '\n', nl + 1, true)
-      if nl2 and nl2 < #v then  -- a dedup key follows the second newline
-        keys[#keys + 1] = string.sub(v, nl2 + 1)
-        kids[#kids + 1] = ids[i]
-        kttl[#kttl + 1] = tonumber(string.sub(v, nl + 1, nl2 - 1)) or 0
+    if v and v == last then
+      ng = ng + 1
+      gone[ng] = ids[i]
+      if last_cid then per[last_cid] = per[last_cid] + 1 end
+    else
+      local nl = v and string.find(v, '\n', 1, true)
+      if nl then
+        ng = ng + 1
+        gone[ng] = ids[i]
+        last_cid = nil
+        if nl > 1 then
+          local cid = string.sub(v, 1, nl - 1)
+          if not per[cid] then order[#order + 1] = cid; per[cid] = 0 end
+          per[cid] = per[cid] + 1
+          last_cid = cid
+        end
+        local nl2 = string.find(v, '\n', nl + 1, true)
+        if nl2 and nl2 < #v then  -- a dedup key follows the second newline
+          nk = nk + 1
+          keys[nk] = string.sub(v, nl2 + 1)
+          kids[nk] = ids[i]
+          kttl[nk] = tonumber(string.sub(v, nl + 1, nl2 - 1)) or 0
+          last = nil  -- an entry with a key is one job's own
+        else
+          last = v
+        end
       end
     end
   end
@@ -181,7 +198,7 @@ local function settle_tracked(campaigns, jobmeta, dedup, dedup_exp, ids, outcome
     end
     if #z > 0 then redis.call('ZADD', dedup_exp, unpack(z)) end
   end
-  redis.call('HDEL', jobmeta, unpack(gone))
+  if ng > 0 then redis.call('HDEL', jobmeta, unpack(gone)) end
 end
 
 -- Ready-job bitmaps (keys.py T:waiting0..3): the sequence number in an id made by
