@@ -4,9 +4,10 @@ A job is encoded once (header + msgpack body) and written by one script call:
 ``enqueue.lua`` for ready jobs, ``schedule.lua`` for delayed ones. ``enqueue_many``
 streams any iterable in chunks of ``chunk`` jobs (one script call each) and sends
 ``window`` chunks per round trip, so a million jobs never sit in memory at once as
-commands. A call whose reply is lost to a broken connection is retried with backoff
-in *check* mode: the script first looks for the call's first job and writes nothing if
-the earlier try had landed, so a reconnect never doubles a job.
+commands; the sync one encodes the next window while a helper thread has the previous
+one on the wire (``_InFlight``). A call whose reply is lost to a broken connection is
+retried with backoff in *check* mode: the script first looks for the call's first job
+and writes nothing if the earlier try had landed, so a reconnect never doubles a job.
 
 Everything the worker could not run is refused here, before anything is written, with a
 message naming the option or argument (``EnqueueOptions``, ``plan``, ``codec.header``,
