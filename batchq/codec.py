@@ -14,6 +14,7 @@ import hashlib
 import itertools
 import os
 import secrets
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -159,13 +160,13 @@ TRACKED_MARK = "_m"
 ``-<hex seq>`` (ready) or a hex counter (delayed), then this mark."""
 
 
-def new_id(ref: str = "0000", seq: int | None = None) -> str:
+def new_id(ref: str = "0000", seq: int | None = None, mark: str = "") -> str:
     """A new job id: the queue reference ``ref``, 13 random base-62 characters, then
     ``-`` and the hex sequence number ``seq`` (see ``seqs``), or a hex counter when the
-    job has none (delayed and periodic jobs)."""
+    job has none (delayed and periodic jobs); then ``mark`` (``TRACKED_MARK`` or "")."""
     if seq is not None:
-        return f"{ref}{_prefix}-{seq:x}"
-    return f"{ref}{_prefix}{next(_counter):x}"
+        return f"{ref}{_prefix}-{seq:x}{mark}"
+    return f"{ref}{_prefix}{next(_counter):x}{mark}"
 
 
 def seq_of(job_id: str) -> int | None:
@@ -216,6 +217,20 @@ def header(priority: int, max_attempts: int) -> bytes:
     return b"%d:0:%d:" % (p, m)
 
 
+_local = threading.local()
+
+
+def _pack(value: Any) -> bytes:
+    """``msgpack.packb`` with this thread's reused packer (packb makes one per call; a
+    packer resets itself after each value, also after a refused one)."""
+    try:
+        packer = _local.packer
+    except AttributeError:
+        packer = _local.packer = msgpack.Packer()
+    out: bytes = packer.pack(value)
+    return out
+
+
 def encode_body(
     task: str, args: Sequence[Any], kwargs: Mapping[str, Any], enqueued_ms: int,
     due_ms: int | None = None,
@@ -228,7 +243,7 @@ def encode_body(
     try:
         fields = (task, args, kwargs, enqueued_ms) if due_ms is None else \
             (task, args, kwargs, enqueued_ms, due_ms)
-        body: bytes = msgpack.packb(fields)
+        body = _pack(fields)
     except (TypeError, ValueError, OverflowError) as exc:
         raise _explain(task, args, kwargs, exc) from None
     # a key the worker could not decode can only sit in a container argument; scalar

@@ -61,7 +61,8 @@ class Plan:
         if self.due is not None:
             due_ms = now_ms + self.due[1] if self.due[0] == "rel" else self.due[1]
         b = codec.encode_body(self.task, args, kwargs, now_ms, due_ms)
-        self._check_size(len(self.head) + codec.MIN_ID_LEN + 1 + len(b))
+        if len(self.head) + codec.MIN_ID_LEN + 1 + len(b) > self.max_payload:
+            self._check_size(len(self.head) + codec.MIN_ID_LEN + 1 + len(b))
         return b
 
     def entry(self, args: Any, kwargs: Mapping[str, Any], now_ms: int,
@@ -71,13 +72,14 @@ class Plan:
     def finish(self, body: bytes, seq: Callable[[], int | None] | None = None,
                ) -> tuple[str, bytes]:
         """The id and the entry of a job whose body is ``body``."""
-        jid = codec.new_id(self.ref, seq() if seq else None)  # no number for a bad job
-        if self.group:
-            jid += "~" + self.group  # before a tracked job's mark
-        if self.tracked:
-            jid += tracked.TRACKED_SUFFIX  # the sequence part, then the mark
+        # no number for a bad job; the id ends with its group ("~<hex>") then a tracked
+        # job's mark, after the number
+        mark = ("~" + self.group if self.group else "") + \
+            (tracked.TRACKED_SUFFIX if self.tracked else "")
+        jid = codec.new_id(self.ref, seq() if seq else None, mark)
         e = b"%s%s:%s" % (self.head, jid.encode(), body)
-        self._check_size(len(e))
+        if len(e) > self.max_payload:
+            self._check_size(len(e))
         return jid, e
 
     def _check_size(self, n: int) -> None:

@@ -4,9 +4,10 @@ A job is encoded once (header + msgpack body) and written by one script call:
 ``enqueue.lua`` for ready jobs, ``schedule.lua`` for delayed ones. ``enqueue_many``
 streams any iterable in chunks of ``chunk`` jobs (one script call each) and sends
 ``window`` chunks per round trip, so a million jobs never sit in memory at once as
-commands. A call whose reply is lost to a broken connection is retried with backoff
-in *check* mode: the script first looks for the call's first job and writes nothing if
-the earlier try had landed, so a reconnect never doubles a job.
+commands; the sync one encodes the next window while a helper thread has the previous
+one on the wire (``_InFlight``). A call whose reply is lost to a broken connection is
+retried with backoff in *check* mode: the script first looks for the call's first job
+and writes nothing if the earlier try had landed, so a reconnect never doubles a job.
 
 Everything the worker could not run is refused here, before anything is written, with a
 message naming the option or argument (``EnqueueOptions``, ``plan``, ``codec.header``,
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import redis
@@ -38,6 +40,7 @@ from .options import (
 from .plan import Plan, plan
 from .scripts import arun_pipeline, run_pipeline
 from .seqs import SeqSource, areserve
+from .tracked import MAX_KEY_BYTES
 
 __all__ = ["MAX_DELAY_S", "Call", "EnqueueOptions", "KeyFn", "aenqueue", "aenqueue_many",
            "call", "enqueue", "enqueue_many", "eta_seconds", "plan"]
@@ -58,7 +61,15 @@ a write to a reset connection raises RuntimeError), or a Redis Cluster slot movi
 script did not run)."""
 
 
+_SCALARS = frozenset((int, str, bytes, float))
+
+
 def _split(item: Any) -> tuple[Any, Mapping[str, Any]]:
+    t = type(item)
+    if t is tuple or t is list:
+        return item, {}
+    if t in _SCALARS:  # the common one-argument rows, without the Mapping ABC check
+        return (item,), {}
     if isinstance(item, tuple | list):
         return item, {}
     if isinstance(item, Call):
@@ -77,18 +88,24 @@ def _chunks(p: Plan, items: Iterable[Any], seqs: Callable[[], int | None] | None
     ids: list[str] = []
     entries: list[bytes] = []
     now_ms = int(time.time() * 1000)
+    entry, check_key, keyed = p.entry, tracked.check_key, p.tracked
     for n, item in enumerate(items, 1):
         args, kwargs = _split(item)
         try:
-            jid, e = p.entry(args, kwargs, now_ms, seqs)
-            if p.tracked:
+            jid, e = entry(args, kwargs, now_ms, seqs)
+            if keyed:
                 key = key_fn(item) if key_fn is not None else None
-                entries += (e, b"" if key is None else tracked.check_key(key).encode())
+                if key is None:
+                    entries += (e, b"")
+                elif type(key) is str and key.isascii() and 0 < len(key) <= MAX_KEY_BYTES:
+                    entries += (e, key.encode())  # check_key's fast path, inline
+                else:
+                    entries += (e, check_key(key).encode())
+            else:
+                entries.append(e)
         except (TypeError, ValueError) as exc:
             raise _at_item(exc, n - 1) from None
         ids.append(jid)
-        if not p.tracked:
-            entries.append(e)
         if len(ids) == CHUNK:
             yield ids, entries
             ids, entries = [], []
@@ -263,35 +280,80 @@ def enqueue(c: Clients, p: Plan, args: Any, kwargs: Mapping[str, Any],
     return jid
 
 
+class _InFlight:
+    """At most one pipelined window on the wire, sent by a helper thread: the caller
+    encodes the next window meanwhile (Redis runs window N while Python encodes N+1).
+    Windows are still written one after another, in order, and each is recorded before
+    the next is sent, so ``written`` / ``ids`` stay exact."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._job: tuple[Window, Future[list[Any]]] | None = None
+
+    def send(self, c: Clients, p: Plan, rest: Window) -> None:
+        script = c.sync_scripts.by_name[p.script]
+        pipe = c.redis.pipeline(transaction=False)
+        for _, entries in rest:
+            keys, args = p.script_args(entries, check=False)
+            script(keys, args, client=pipe)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="batchq-enqueue")
+        self._job = rest, self._pool.submit(run_pipeline, pipe, c.redis)
+
+    def wait(self, st: _Stream) -> None:
+        """Record the window on the wire, if any (``EnqueueError`` if it failed)."""
+        if self._job is None:
+            return
+        rest, fut = self._job
+        self._job = None
+        try:
+            results = fut.result()
+        except _RETRY_WRITE_ERRORS as exc:
+            raise st.lost(rest, exc) from exc
+        st.record(rest, results)
+
+    def close(self) -> None:
+        """Let a window still on the wire finish (its jobs are then in Redis, unrecorded:
+        only when the caller is raising another exception), and stop the thread."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
 def enqueue_many(c: Clients, p: Plan, items: Iterable[Any],
                  key_fn: KeyFn | None = None) -> list[str]:
     st = _Stream(p, SeqSource(c, p.keys, want=CHUNK), key_fn)
-    for single, rest in st.steps(items):
-        if single is not None:
+    flight = _InFlight()
+    try:
+        steps = st.steps(items)
+        while True:
             try:
-                if p.tracked:
-                    st.written.extend(_write_tracked_sync(c, p, *single))
-                    single = None
-                else:
-                    _with_retry_sync(c, p, single[1])
-            except QuotaExceeded:
-                _quota_checked(p, -2, st.written)
-            except EnqueueError as exc:
-                raise st.failed(exc) from exc.__cause__
+                step = next(steps, None)  # encodes while the previous window is on the wire
+            except (TypeError, ValueError) as exc:  # an item that cannot be encoded
+                flight.wait(st)
+                exc.written = len(st.written)  # type: ignore[union-attr]
+                raise
+            flight.wait(st)
+            if step is None:
+                break
+            single, rest = step
             if single is not None:
-                st.written.extend(single[0])
-        if rest:
-            script = c.sync_scripts.by_name[
-                p.script]
-            pipe = c.redis.pipeline(transaction=False)
-            for _, entries in rest:
-                keys, args = p.script_args(entries, check=False)
-                script(keys, args, client=pipe)
-            try:
-                results = run_pipeline(pipe, c.redis)
-            except _RETRY_WRITE_ERRORS as exc:
-                raise st.lost(rest, exc) from exc
-            st.record(rest, results)
+                try:
+                    if p.tracked:
+                        st.written.extend(_write_tracked_sync(c, p, *single))
+                        single = None
+                    else:
+                        _with_retry_sync(c, p, single[1])
+                except QuotaExceeded:
+                    _quota_checked(p, -2, st.written)
+                except EnqueueError as exc:
+                    raise st.failed(exc) from exc.__cause__
+                if single is not None:
+                    st.written.extend(single[0])
+            if rest:
+                flight.send(c, p, rest)
+    finally:
+        flight.close()
     return st.written
 
 

@@ -144,21 +144,38 @@ local function settle_tracked(campaigns, jobmeta, dedup, dedup_exp, ids, outcome
   if #ids == 0 then return end
   local vals = redis.call('HMGET', jobmeta, unpack(ids))
   local gone, per, order, keys, kids, kttl = {}, {}, {}, {}, {}, {}
+  local ng, nk = 0, 0
+  -- the jobs of one campaign without dedup keys share one entry: a job whose entry is
+  -- the previous one's (one pointer compare: Lua strings are interned) is not parsed
+  local last, last_cid = nil, nil
   for i = 1, #ids do
     local v = vals[i]
-    local nl = v and string.find(v, '\n', 1, true)
-    if nl then
-      gone[#gone + 1] = ids[i]
-      if nl > 1 then
-        local cid = string.sub(v, 1, nl - 1)
-        if not per[cid] then order[#order + 1] = cid; per[cid] = 0 end
-        per[cid] = per[cid] + 1
-      end
-      local nl2 = string.find(v, '\n', nl + 1, true)
-      if nl2 and nl2 < #v then  -- a dedup key follows the second newline
-        keys[#keys + 1] = string.sub(v, nl2 + 1)
-        kids[#kids + 1] = ids[i]
-        kttl[#kttl + 1] = tonumber(string.sub(v, nl + 1, nl2 - 1)) or 0
+    if v and v == last then
+      ng = ng + 1
+      gone[ng] = ids[i]
+      if last_cid then per[last_cid] = per[last_cid] + 1 end
+    else
+      local nl = v and string.find(v, '\n', 1, true)
+      if nl then
+        ng = ng + 1
+        gone[ng] = ids[i]
+        last_cid = nil
+        if nl > 1 then
+          local cid = string.sub(v, 1, nl - 1)
+          if not per[cid] then order[#order + 1] = cid; per[cid] = 0 end
+          per[cid] = per[cid] + 1
+          last_cid = cid
+        end
+        local nl2 = string.find(v, '\n', nl + 1, true)
+        if nl2 and nl2 < #v then  -- a dedup key follows the second newline
+          nk = nk + 1
+          keys[nk] = string.sub(v, nl2 + 1)
+          kids[nk] = ids[i]
+          kttl[nk] = tonumber(string.sub(v, nl + 1, nl2 - 1)) or 0
+          last = nil  -- an entry with a key is one job's own
+        else
+          last = v
+        end
       end
     end
   end
@@ -181,7 +198,7 @@ local function settle_tracked(campaigns, jobmeta, dedup, dedup_exp, ids, outcome
     end
     if #z > 0 then redis.call('ZADD', dedup_exp, unpack(z)) end
   end
-  redis.call('HDEL', jobmeta, unpack(gone))
+  if ng > 0 then redis.call('HDEL', jobmeta, unpack(gone)) end
 end
 
 -- Ready-job bitmaps (keys.py T:waiting0..3): the sequence number in an id made by
@@ -229,18 +246,40 @@ local function set_bits(key, off, count)
   end
 end
 
--- Set the waiting bits of runs of sequence numbers ("first:count,first:count", "" for
--- none) in the bitmaps KEYS[wait0 + slot]; top: the queue's next free number.
+-- Set the waiting bits of `left` consecutive sequence numbers from `s` in the bitmaps
+-- KEYS[wait0 + slot] (one to three commands per bitmap); top: the next free number.
+local function set_run(top, wait0, s, left)
+  if s < 0 then return end
+  if s + left > top then left = top - s end  -- never handed out: no bit
+  while left > 0 do
+    local slot, off = wait_pos(top, s)
+    local m = math.min(left, WAIT_GEN - s % WAIT_GEN)
+    if slot then set_bits(KEYS[wait0 + slot], off, m) end
+    s = s + m
+    left = left - m
+  end
+end
+
+-- The waiting bits of runs given as text ("first:count,first:count", "" for none).
 local function mark_waiting(top, runs, wait0)
   for first, count in string.gmatch(runs, '(%d+):(%d+)') do
-    local s, left = tonumber(first), tonumber(count)
-    while left > 0 do
-      local slot, off = wait_pos(top, s)
-      local m = math.min(left, WAIT_GEN - s % WAIT_GEN)
-      if slot and wait_pos(top, s + m - 1) then set_bits(KEYS[wait0 + slot], off, m) end
-      s = s + m
-      left = left - m
-    end
+    set_run(top, wait0, tonumber(first), tonumber(count))
+  end
+end
+
+-- The waiting bits of the sequence numbers in `seqs` (a list; runs of consecutive
+-- numbers, as a chunk's ids have, cost one to three commands each, instead of one
+-- SETBIT per job).
+local function set_waiting(seqkey, wait0, seqs)
+  local n = #seqs
+  if n == 0 then return end
+  local top = seq_top(seqkey)
+  local i = 1
+  while i <= n do
+    local j = i
+    while j < n and seqs[j + 1] == seqs[j] + 1 do j = j + 1 end
+    set_run(top, wait0, seqs[i], j - i + 1)
+    i = j + 1
   end
 end
 

@@ -9,7 +9,8 @@
 -- KEYS[5]  stats hash (field "enqueued")
 -- KEYS[10] pending hash: a delayed job's id -> its entry (cancel.lua, status.lua)
 -- KEYS[11] seq counter; KEYS[12..15] waiting bitmaps, slots 0..3: a ready job's bit
---          (its id's sequence number, "-<hex>_m") is set, one SETBIT per job written
+--          (its id's sequence number, "-<hex>_m") is set, a few commands per run of
+--          consecutive numbers (_lib.lua set_waiting)
 -- KEYS[16] gready zset, KEYS[17] groups zset, KEYS[18] gwait zset, KEYS[19] gstate
 --          hash, KEYS[20] limits hash: jobs of a group (their ids end "~<g>_m", all of
 --          one call in one group) go to the group (see enqueue_group.lua), within its
@@ -67,14 +68,14 @@ end
 
 -- the rows' keys and who holds them now: one HMGET and one ZMSCORE per call, not per row
 local n = math.floor((#ARGV - 6) / 2)
-local keys = {}
+local keys, nk = {}, 0
 for i = 1, n do
   local key = ARGV[6 + 2 * i]
-  if key ~= '' then keys[#keys + 1] = key end
+  if key ~= '' then nk = nk + 1; keys[nk] = key end
 end
 local hold = {}  -- key -> id holding it (in Redis, or written by this call)
 local lapsed_keys = {}  -- keys whose holder finished more than its ttl ago: free again
-if #keys > 0 then
+if nk > 0 then
   local holders = redis.call('HMGET', dedup, unpack(keys))
   local held = {}
   for j, key in ipairs(keys) do
@@ -91,8 +92,11 @@ if #keys > 0 then
   end
 end
 
-local out = {0, 0}
-local entries, metas, claims = {}, {}, {}
+local out, nout = {0, 0}, 2
+local entries, metas, claims, seqs = {}, {}, {}, {}
+local ne, nm, nc, ns = 0, 0, 0, 0
+local ready_mode = mode == 'ready'
+local prefix = cid .. '\n' .. ttl .. '\n'  -- every jobmeta entry of the call starts so
 for pos = 1, n do
   local e, key = ARGV[5 + 2 * pos], ARGV[6 + 2 * pos]
   -- the id: the fourth header field (the producer wrote the entry; no pattern needed)
@@ -108,48 +112,53 @@ for pos = 1, n do
   if write and key ~= '' then
     local holder = hold[key]
     if holder then
-      out[#out + 1] = pos
-      out[#out + 1] = holder
+      out[nout + 1] = pos
+      out[nout + 2] = holder
+      nout = nout + 2
       write = false
     else
       hold[key] = id
-      claims[#claims + 1] = key
-      claims[#claims + 1] = id
+      claims[nc + 1] = key
+      claims[nc + 2] = id
+      nc = nc + 2
     end
   end
   if write then
-    entries[#entries + 1] = e
-    metas[#metas + 1] = id
-    metas[#metas + 1] = cid .. '\n' .. ttl .. '\n' .. key
+    ne = ne + 1
+    entries[ne] = e
+    metas[nm + 1] = id
+    metas[nm + 2] = key == '' and prefix or prefix .. key
+    nm = nm + 2
+    if ready_mode then
+      local s = seq_of(id)
+      if s then ns = ns + 1; seqs[ns] = s end
+    end
   end
 end
-if #entries == 0 then return out end
+if ne == 0 then return out end
 
 -- a group: its quota first (nothing is written past it)
 local g = string.find(metas[1], '~', 1, true) and group_of(metas[1])
 if g then
   local lim = limit_of(redis.call('HGET', limits, g)) or limit_of(redis.call('HGET', limits, '*'))
   if lim and lim.max
-      and tonumber(redis.call('HGET', gstate, g .. ':n') or '0') + #entries > lim.max then
+      and tonumber(redis.call('HGET', gstate, g .. ':n') or '0') + ne > lim.max then
     return -2
   end
 end
 
-if mode == 'ready' and g then
-  local p = tonumber(string.sub(entries[1], 1, 1))
-  local items = {}
-  for j, e in ipairs(entries) do items[j] = {g, p, e} end
-  gpush(gready, gstate, items, false)
-  gwake(groups, gwait, gstate, g)
-end
-if mode == 'ready' then
-  if not g then redis.call('RPUSH', ready, unpack(entries)) end
-  -- the waiting bits (job_status / cancel): ids are metas[1], metas[3], ...
-  local top = seq_top(seq)
-  for j = 1, #metas, 2 do
-    local slot, off = wait_pos(top, seq_of(metas[j]))
-    if slot then redis.call('SETBIT', KEYS[WAIT0 + slot], off, 1) end
+if ready_mode then
+  if g then
+    local p = tonumber(string.sub(entries[1], 1, 1))
+    local items = {}
+    for j, e in ipairs(entries) do items[j] = {g, p, e} end
+    gpush(gready, gstate, items, false)
+    gwake(groups, gwait, gstate, g)
+  else
+    redis.call('RPUSH', ready, unpack(entries))
   end
+  -- the waiting bits (job_status / cancel): per run of consecutive numbers, not per job
+  set_waiting(seq, WAIT0, seqs)
 else
   local due = tonumber(ARGV[3])
   if mode == 'rel' then due = now + due end
@@ -164,15 +173,15 @@ else
   redis.call('HSET', pending, unpack(idx))
 end
 redis.call('HSET', jobmeta, unpack(metas))
-if #claims > 0 then redis.call('HSET', dedup, unpack(claims)) end
+if nc > 0 then redis.call('HSET', dedup, unpack(claims)) end
 -- a lapsed key taken again is held anew (until its new job settles)
 if #lapsed_keys > 0 then redis.call('ZREM', dedup_exp, unpack(lapsed_keys)) end
-redis.call('HINCRBY', stats, 'enqueued', #entries)
+redis.call('HINCRBY', stats, 'enqueued', ne)
 if cid ~= '' then
-  redis.call('HINCRBY', campaigns, cid .. ':t', #entries)
-  redis.call('HINCRBY', campaigns, cid .. ':p', #entries)
+  redis.call('HINCRBY', campaigns, cid .. ':t', ne)
+  redis.call('HINCRBY', campaigns, cid .. ':p', ne)
 end
-if g then redis.call('HINCRBY', gstate, g .. ':n', #entries) end
+if g then redis.call('HINCRBY', gstate, g .. ':n', ne) end
 leave_wake_token(wake)
-out[2] = #entries
+out[2] = ne
 return out

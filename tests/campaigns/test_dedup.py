@@ -66,6 +66,25 @@ def test_enqueue_many_with_key_fn(app, redis_client):
     assert app.queue("a").stats().ready == 14
 
 
+def test_enqueue_many_over_several_windows_keeps_order_and_exact_counts(app, redis_client):
+    # 8 chunks of 1,000 per window; the next window encodes while the previous one is on
+    # the wire: the ids still come back in row order, and an item that cannot be encoded
+    # reports exactly the jobs of the windows before it
+    send = app.tasks["send"]
+    n = 19_500
+    ids = send.enqueue_many(range(n), key_fn=lambda i: f"w:{i}")
+    assert len(set(ids)) == n and app.queue("a").stats().ready == n
+    again = send.enqueue_many(range(n), key_fn=lambda i: f"w:{i}")
+    assert again == ids
+    rows: list[object] = list(range(n, n + 17_000))
+    rows[16_500] = ({(1,): 0},)  # the third window's first chunk holds it
+    with pytest.raises(TypeError, match="item 16500") as err:
+        send.enqueue_many(rows, key_fn=lambda i: f"w:{i}" if isinstance(i, int) else "x")
+    assert getattr(err.value, "written", None) == 16_000
+    assert len(getattr(err.value, "ids", [])) == 16_000
+    assert app.queue("a").stats().ready == n + 16_000
+
+
 def test_bad_keys_are_refused(app):
     send = app.tasks["send"]
     with pytest.raises(ValueError, match="512"):

@@ -127,3 +127,38 @@ def test_retry_of_a_lost_call_writes_nothing_twice(redis_client, s, k):
     write(s, k, ["a_m", "b_m"])
     assert write(s, k, ["a_m", "b_m", "c_m"], check=True) == [0, 1]
     assert counts(redis_client, k)["t"] == 3 and redis_client.llen(k.ready_for(0)) == 3
+
+
+def _seq_id(n: int) -> str:
+    return f"abcdABCDEFGHIJKLM-{n:x}_m"  # <ref><13 random>-<hex seq>_m, as plan.finish
+
+
+def test_waiting_bits_of_exactly_the_jobs_written(redis_client, s, k):
+    # numbers 0..99 handed out; the rows: runs with unaligned edges, a byte-aligned run, a
+    # lone number, a row whose key is held (by an earlier row of the same call) and one
+    # beyond T:seq: bits are set per run, only for the jobs written
+    assert int(s.call(calls.reserve(k, 100))) == 0
+    seqs = [*range(3, 6), *range(11, 31), *range(40, 56), 70, 71, 200]
+    keys = [f"k{n}" for n in seqs]
+    keys[seqs.index(71)] = "k70"  # held by the row of 70: not written
+    reply = write(s, k, [_seq_id(n) for n in seqs], keys=keys, cid="")
+    assert reply[:2] == [0, len(seqs) - 1]
+    want = {*range(3, 6), *range(11, 31), *range(40, 56), 70}
+    assert [redis_client.getbit(k.waiting0, i) for i in range(100)] == \
+        [int(i in want) for i in range(100)]
+    assert redis_client.getbit(k.waiting0, 200) == 0
+    # out of order rows still get their own bits
+    assert int(s.call(calls.reserve(k, 100))) == 100
+    write(s, k, [_seq_id(n) for n in (150, 120, 121, 101)], cid="")
+    assert [i for i in range(100, 200) if redis_client.getbit(k.waiting0, i)] == \
+        [101, 120, 121, 150]
+
+
+def test_waiting_bits_across_a_generation_boundary(redis_client, s, k):
+    gen = 1 << 23
+    redis_client.set(k.seq, gen - 10)
+    assert int(s.call(calls.reserve(k, 20))) == gen - 10
+    write(s, k, [_seq_id(n) for n in range(gen - 10, gen + 10)], cid="")
+    # bits gen-10 .. gen-1 of slot 0 and 0 .. 9 of slot 1, as with enqueue.lua's runs
+    assert redis_client.getrange(k.waiting0, gen // 8 - 2, -1) == b"\x03\xff"
+    assert redis_client.get(k.waiting1) == b"\xff\xc0"
