@@ -133,6 +133,7 @@ class Runners:
         st = self.st
         st.busy += 1
         st.quiet.clear()
+        t0 = time.perf_counter()
         try:
             if type(item) is list:
                 await self._run_batch(item)
@@ -142,6 +143,8 @@ class Runners:
             st.busy -= 1
             if not st.busy:
                 st.quiet.set()
+            # the wall time sizes the prefetch (fetch.Fetcher.limit)
+            st.note_run(time.perf_counter() - t0, len(item) if type(item) is list else 1)
 
     async def _run_alone(self, item: Job | list[Job], jobs: list[Job]) -> None:
         """A recovered job: wait until no other handler runs, record its start, run it,
