@@ -127,7 +127,7 @@ def queue_spec(raw: str) -> QueueSpec:
                 weight = 0
             if not 1 <= weight <= MAX_WEIGHT:
                 raise argparse.ArgumentTypeError(
-                    f"the weight of queue {name!r} must be an integer 1..{MAX_WEIGHT}, "
+                    f"the weight in {item!r} must be an integer 1..{MAX_WEIGHT}, "
                     f"got {w!r}")
         names.append(name)
         weights.append(weight)

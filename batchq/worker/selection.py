@@ -97,7 +97,8 @@ class Selector:
         for i in active:
             exact = shares[i] + self._credit[i]
             want = min(self.fetch_batch, math.floor(exact))
-            # carry the fraction, never a debt nor more than one job's worth
+            # carry the fraction (never a debt, never more than a job's worth beyond
+            # what the round's end could not give: see below)
             self._credit[i] = min(1.0, max(0.0, exact - want))
             wants[i] = want
         if left > 0 and not any(wants[i] for i in active):
@@ -107,6 +108,8 @@ class Selector:
         out = []
         for i in order:
             want = min(wants[i], free)
+            if want < wants[i] and i in active:
+                self._credit[i] += wants[i] - want  # its turn comes next round
             free -= want
             out.append((i, want))
         return out
