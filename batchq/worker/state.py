@@ -56,7 +56,11 @@ writes the finished jobs' acks: the bound on how long a finished job's ack waits
 this process (plus one Redis round trip), unless one handler itself blocks the loop."""
 
 RUN_EWMA_ALPHA = 0.1
-"""Weight of the newest job in ``State.run_s`` (about the last 10-20 jobs count)."""
+"""Weight of the newest sample in ``State.run_s`` (about the last 10-20 samples count)."""
+
+RUN_SAMPLE_MASK = 7
+"""A job is timed for ``State.run_s`` when it starts while the count of settled jobs is
+a multiple of 8 (so every job starting before the first one settled is timed)."""
 
 _CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
 REDIS_ERRORS = (*_CONNECTION_ERRORS, redis.RedisError, RedisClusterException, RuntimeError)
@@ -230,7 +234,8 @@ class State:
         self.started_at = time.time()
         self.run_s: float | None = None
         """Moving average of a handler's wall time per job (a batch's time divided by
-        its jobs), once one ran: what sizes the prefetch (``fetch.Fetcher.limit``)."""
+        its jobs; a sample of the jobs, ``RUN_SAMPLE_MASK``), once one ran: what sizes
+        the prefetch (``fetch.Fetcher.limit``)."""
         self.due_campaigns: set[str] = set()
         """Campaigns whose last pending job on a queue settled in this process's pop,
         ack or nack: ``campaigns.FollowUp`` tries to complete them."""
