@@ -177,7 +177,9 @@ class Fetcher:
                         break
         else:
             n = len(qs)
-            among = [i for i in range(n) if i not in self._tried] if self._tried else None
+            among = [i for i in range(n) if i not in self._tried] or None
+            if among is None:
+                self._tried.clear()  # every queue was asked (a failed round): start over
             plan = self.selector.plan(free, among)
             pipe = st.redis.pipeline(transaction=False)
             for i, want in plan:
