@@ -75,6 +75,9 @@ class Fetcher:
                           if t.is_batch and t.config.queue in served], default=1)
         """Jobs one runner takes at once: the largest batch of a served queue's batch
         task (so batch handlers still get full batches), else 1."""
+        self._limit_key: tuple[float | None, float] = (-1.0, -1.0)
+        self._limit = 0
+        """``limit()`` and what it was computed from (``run_s``, ``_rtt_s``)."""
         self._idle = False
         self._blpop: asyncio.Task[Any] | None = None
         self._wake_tasks: dict[str, asyncio.Task[None]] = {}
@@ -91,18 +94,19 @@ class Fetcher:
         while slow ones hold only about one job more than they run, so a higher-priority
         job enqueued meanwhile starts within about one job's run time. Until a first
         handler finished, only the runners' own share is taken."""
-        st = self.st
-        s = st.settings
+        run_s = self.st.run_s
+        if run_s is self._limit_key[0] and self._rtt_s == self._limit_key[1]:
+            return self._limit  # the loop wakes on every settle: mostly nothing changed
+        s = self.st.settings
         cap = s.concurrency + 2 * s.fetch_batch
-        floor = min(cap, s.concurrency * self._unit)
-        run_s = st.run_s
-        if run_s is None:
-            return floor
-        horizon = max(PREFETCH_HORIZON_S, 2 * self._rtt_s)
-        soon = s.concurrency * horizon / max(run_s, 1e-9)
-        if floor + soon >= cap:
-            return cap
-        return floor + math.ceil(soon)
+        limit = floor = min(cap, s.concurrency * self._unit)
+        if run_s is not None:
+            horizon = max(PREFETCH_HORIZON_S, 2 * self._rtt_s)
+            soon = s.concurrency * horizon / max(run_s, 1e-9)
+            limit = cap if floor + soon >= cap else floor + math.ceil(soon)
+        self._limit_key = (run_s, self._rtt_s)
+        self._limit = limit
+        return limit
 
     async def fetch_loop(self) -> None:
         st = self.st
