@@ -74,7 +74,8 @@ class Fetcher:
         self._unit = max([t.config.batch_size or 1 for t in state.tasks.values()
                           if t.is_batch and t.config.queue in served], default=1)
         """Jobs one runner takes at once: the largest batch of a served queue's batch
-        task (so batch handlers still get full batches), else 1."""
+        task, or of a batch task whose jobs were popped here (so batch handlers still get
+        full batches), else 1."""
         self._limit_key: tuple[float | None, float] = (-1.0, -1.0)
         self._limit = 0
         """``limit()`` and what it was computed from (``run_s``, ``_rtt_s``)."""
@@ -103,7 +104,13 @@ class Fetcher:
         if run_s is not None:
             horizon = max(PREFETCH_HORIZON_S, 2 * self._rtt_s)
             soon = s.concurrency * horizon / max(run_s, 1e-9)
-            limit = cap if floor + soon >= cap else floor + math.ceil(soon)
+            if floor + soon >= cap:
+                limit = cap
+            else:
+                # whole batches: a batch handler's next batch is fetched full, not a
+                # job at a time as slots free up
+                unit = self._unit
+                limit = min(cap, floor + -(-math.ceil(soon) // unit) * unit)
         self._limit_key = (run_s, self._rtt_s)
         self._limit = limit
         return limit
@@ -125,6 +132,11 @@ class Fetcher:
                     st.recycled = True
                     st.stopping = True
                     break
+            unit = self._unit
+            if unit > 1 and st.in_flight and free < unit <= self.limit():
+                free = 0  # batch handlers: wait until a whole batch can be fetched
+            elif unit > 1 and free > unit:
+                free -= free % unit
             if free <= 0 or len(st.work) >= 2 * s.fetch_batch:
                 st.room.clear()
                 await st.room.wait()
@@ -289,6 +301,11 @@ class Fetcher:
                 if g is None:
                     g = groups[job.task] = []
                     st.work.append(g)
+                    if (t.config.batch_size or 1) > self._unit:
+                        # a batch task routed here with options(queue=...): from now
+                        # on, runners take its full batches
+                        self._unit = t.config.batch_size or 1
+                        self._limit_key = (-1.0, -1.0)
                 g.append(job)
                 if len(g) >= (t.config.batch_size or 1):
                     del groups[job.task]

@@ -37,6 +37,25 @@ def test_a_priority_job_starts_within_about_one_run_time_of_a_busy_worker(
     assert len(low_left) < 40  # the backlog was still there when it started
 
 
+def test_a_slow_batch_handler_still_gets_full_batches(app, start_worker, runs):
+    # its own queue ("default", in this test's namespace): known to hold batches
+    app.tasks["nap_batch"].enqueue_many([(f"t{i}", 0.1) for i in range(60)])
+    worker = start_worker("default", "-c", "1", "--burst", wait_ready=False)
+    assert wait_exit(worker, 30) == 0, worker.read_log()
+    assert [r.token for r in runs("nap_batch")] == ["10"] * 6
+
+
+def test_a_batch_task_routed_to_another_queue_gets_full_batches_once_seen(
+        app, queue_name, start_worker, runs):
+    app.tasks["nap_batch"].options(queue=queue_name).enqueue_many(
+        [(f"t{i}", 0.1) for i in range(61)])
+    worker = start_worker(queue_name, "-c", "1", "--burst", wait_ready=False)
+    assert wait_exit(worker, 30) == 0, worker.read_log()
+    sizes = [int(r.token) for r in runs("nap_batch")]
+    # the first pop took one job per runner; from then on the worker knows
+    assert sizes == [1] + [10] * 6, sizes
+
+
 def _tokens(runs, prefix: str) -> list[str]:
     return [r.token for r in runs("noop") if r.token.startswith(prefix)]
 
