@@ -13,12 +13,13 @@ import argparse
 import math
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import redis.connection
 
 from ..connection import CLUSTER_SCHEMES, plain_url, redact
+from ..worker.selection import MAX_WEIGHT, ORDERS
 
 URL_SCHEMES = ("redis", "rediss", "unix", *CLUSTER_SCHEMES)
 
@@ -147,6 +148,51 @@ def boolean(raw: str) -> bool:
     if raw.lower() in ("0", "false", "no", "off"):
         return False
     raise argparse.ArgumentTypeError(f"expected true/false, got {raw!r}")
+
+
+class QueueSpec(NamedTuple):
+    """``-q a,b`` or ``-q a=3,b=1``: the queue names, and their weights (empty when none
+    was given)."""
+
+    names: tuple[str, ...]
+    weights: tuple[int, ...]
+
+
+def queue_spec(raw: str) -> QueueSpec:
+    """Comma-separated queue names, each optionally ``=WEIGHT`` (an integer 1..1000;
+    a queue without one weighs 1); no queue twice."""
+    names: list[str] = []
+    weights: list[int] = []
+    weighted = False
+    for item in (x.strip() for x in raw.split(",")):
+        if not item:
+            continue
+        name, eq, w = (x.strip() for x in item.partition("="))
+        if not name:
+            raise argparse.ArgumentTypeError(f"a queue name is missing in {item!r}")
+        if name in names:
+            raise argparse.ArgumentTypeError(f"queue {name!r} is listed twice")
+        weight = 1
+        if eq:
+            weighted = True
+            try:
+                weight = int(w)
+            except ValueError:
+                weight = 0
+            if not 1 <= weight <= MAX_WEIGHT:
+                raise argparse.ArgumentTypeError(
+                    f"the weight in {item!r} must be an integer 1..{MAX_WEIGHT}, "
+                    f"got {w!r}")
+        names.append(name)
+        weights.append(weight)
+    return QueueSpec(tuple(names), tuple(weights) if weighted else ())
+
+
+def queue_order(raw: str) -> str:
+    v = raw.strip().lower()
+    if v not in ORDERS:
+        raise argparse.ArgumentTypeError(f"expected {' or '.join(ORDERS)}, got {raw!r}")
+    return v
 
 
 def redis_url(raw: str) -> str:

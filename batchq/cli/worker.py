@@ -24,7 +24,16 @@ from ..exitcodes import EXIT_IMPORT, EXIT_OK, EXIT_RECYCLED, EXIT_REDIS, EXIT_US
 from ..loading import AppImportError, load_app
 from ..web_settings import HOST, PORT, WebSettings
 from .common import Fail
-from .flags import add_redis_url, boolean, int_at_least, opt, port, seconds
+from .flags import (
+    add_redis_url,
+    boolean,
+    int_at_least,
+    opt,
+    port,
+    queue_order,
+    queue_spec,
+    seconds,
+)
 from .web import add_token, check_web
 
 if TYPE_CHECKING:
@@ -43,8 +52,12 @@ def add_commands(sub: Any) -> None:
     w.add_argument("app", help="MODULE:APP, e.g. myproject.tasks:app")
     opt(w, "-p", "--processes", env="PROCESSES", default=None, kind=int_at_least(1),
          help="worker processes under a supervisor")
-    opt(w, "-q", "--queues", env="QUEUES", default="",
-         help="comma-separated queues to serve (empty: every queue of the app's tasks)")
+    opt(w, "-q", "--queues", env="QUEUES", default="", kind=queue_spec,
+         help="comma-separated queues to serve (empty: every queue of the app's tasks); "
+         "a=3,b=1 weighs them: the free slots are split in that proportion")
+    opt(w, "--order", env="ORDER", default="rotate", kind=queue_order,
+        help="how several queues are served: rotate (in turn, evenly or by weight) or "
+        "strict (drain the first before the next, like a multi-key BLPOP)")
     opt(w, "-c", "--concurrency", env="CONCURRENCY", default=100, kind=int_at_least(1),
          help="jobs run at once per process")
     opt(w, "--lease-s", env="LEASE_S", default=30.0, kind=seconds(zero_ok=False),
@@ -119,10 +132,17 @@ def cmd_worker(args: argparse.Namespace) -> int:
     app_modules = set(sys.modules) - before
     if args.redis_url:
         app.redis_settings = RedisSettings(args.redis_url)
-    queues = tuple(q for q in (x.strip() for x in args.queues.split(",")) if q)
+    queues, weights = args.queues
+    if weights and args.order == "strict":
+        log.error("-q/--queues: queue weights (%s) apply only to --order rotate, not to "
+                  "--order strict", ",".join(f"{q}={w}" for q, w in zip(queues, weights,
+                                                                        strict=True)))
+        return EXIT_USAGE
     try:
         settings = WorkerSettings(
             queues=queues,
+            order=args.order,
+            weights=weights,
             concurrency=args.concurrency,
             lease_s=args.lease_s,
             fetch_batch=args.fetch_batch,

@@ -1,11 +1,15 @@
 """Fetching: pop jobs into the process, accept them, and wait idle without polling.
 
-The fetch loop keeps at most ``concurrency + 2 x fetch_batch`` jobs in the process: the
-running ones plus two batches of prefetch, so the next pop is on the wire while the
-current batch runs. One ``pop.lua`` call per queue per round (pipelined across queues,
-the order rotating and the free slots split evenly for fairness) pops and reserves jobs,
-promotes due delayed jobs and reaps expired leases. A failed pop backs off from 0.1 s to
-5 s and never crashes the worker.
+The fetch loop keeps at most ``Fetcher.limit()`` jobs in the process: one per runner,
+plus the jobs its handlers are expected to finish within about one fetch round trip
+(from the handlers' average wall time), never more than ``concurrency + 2 x
+fetch_batch``. Fast handlers thus get two batches of prefetch, so the next pop is on the
+wire while the current batch runs; slow ones hold about one job more than they run, so
+prefetch cannot defeat priorities. One ``pop.lua`` call per queue per round (pipelined
+across queues, the order rotating and the free slots split evenly or by weight; or
+queue after queue in strict order: ``selection``) pops and reserves jobs, promotes due
+delayed jobs and reaps expired leases. A failed pop backs off from 0.1 s to 5 s and
+never crashes the worker.
 
 When no queue has work the fetcher blocks (``BLPOP`` on the queues' wake lists, on its
 own connection) until an enqueue wakes it, the next delayed job is due, a lease
@@ -22,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from typing import Any
 
@@ -34,9 +39,17 @@ from ..keys import QueueKeys
 from ..metrics import bump
 from ..scripts import arun_pipeline, calls
 from .outcomes import Outcomes
+from .selection import Selector
 from .state import BURST_POLL_S, PROMOTE_CHUNK, REDIS_ERRORS, State
 
 log = logging.getLogger("batchq.worker")
+
+PREFETCH_HORIZON_S = 0.005
+"""The prefetch covers the jobs expected to finish within this long (or two fetch round
+trips, whichever is longer): enough to keep the runners busy while the next pop is on
+the wire, little enough that a higher-priority job is not stuck behind it."""
+
+RTT_EWMA_ALPHA = 0.2
 
 _HEAD = 10
 """pop.lua's reply: {now, next_due, next_deadline, promoted, reaped, expired, malformed,
@@ -47,25 +60,71 @@ class Fetcher:
     def __init__(self, state: State, outcomes: Outcomes) -> None:
         self.st = state
         self.out = outcomes
-        self._rotation = 0
+        s = state.settings
+        self.selector = Selector(len(state.queues), s.order, s.weights, s.fetch_batch)
+        self._index = {k.queue: i for i, k in enumerate(state.queues)}
+        self._tried: set[int] = set()
+        """Queues asked for jobs (and found empty) since the last pop that got some: the
+        loop idles only once every queue was asked."""
+        self._wait_ms = 0.0
+        """The idle wait those pops' replies allow (the earliest due job or deadline)."""
+        self._rtt_s = 0.0
+        """Moving average of a fetch round's time (the pops on the wire)."""
+        served = set(self._index)
+        self._unit = max([t.config.batch_size or 1 for t in state.tasks.values()
+                          if t.is_batch and t.config.queue in served], default=1)
+        """Jobs one runner takes at once: the largest batch of a served queue's batch
+        task, or of a batch task whose jobs were popped here (so batch handlers still get
+        full batches), else 1."""
+        self._limit_key: tuple[float | None, float] = (-1.0, -1.0)
+        self._limit = 0
+        """``limit()`` and what it was computed from (``run_s``, ``_rtt_s``)."""
         self._idle = False
         self._blpop: asyncio.Task[Any] | None = None
         self._wake_tasks: dict[str, asyncio.Task[None]] = {}
         """Cluster mode: one blocking wait per wake list, kept across idle waits."""
 
+    def limit(self) -> int:
+        """How many jobs this process may hold (running, and fetched not started).
+
+        At least one per runner (a full batch each when a served queue has batch tasks),
+        plus the jobs expected to finish within about one fetch round trip (``run_s``,
+        the handlers' average wall time, against ``PREFETCH_HORIZON_S`` or two round
+        trips), at most ``concurrency + 2 x fetch_batch``. Fast handlers therefore keep
+        the full prefetch (the next pop is on the wire while the current batch runs),
+        while slow ones hold only about one job more than they run, so a higher-priority
+        job enqueued meanwhile starts within about one job's run time. Until a first
+        handler finished, only the runners' own share is taken."""
+        run_s = self.st.run_s
+        if run_s is self._limit_key[0] and self._rtt_s == self._limit_key[1]:
+            return self._limit  # the loop wakes on every settle: mostly nothing changed
+        s = self.st.settings
+        cap = s.concurrency + 2 * s.fetch_batch
+        limit = floor = min(cap, s.concurrency * self._unit)
+        if run_s is not None:
+            horizon = max(PREFETCH_HORIZON_S, 2 * self._rtt_s)
+            soon = s.concurrency * horizon / max(run_s, 1e-9)
+            if floor + soon >= cap:
+                limit = cap
+            else:
+                # whole batches: a batch handler's next batch is fetched full, not a
+                # job at a time as slots free up
+                unit = self._unit
+                limit = min(cap, floor + -(-math.ceil(soon) // unit) * unit)
+        self._limit_key = (run_s, self._rtt_s)
+        self._limit = limit
+        return limit
+
     async def fetch_loop(self) -> None:
         st = self.st
         s = st.settings
-        # two batches beyond the running ones: the next pop is on the wire while the
-        # current batch runs, so Redis and this process work at the same time
-        cap = s.concurrency + 2 * s.fetch_batch
         pause = 0.0
         while not st.stopping:
             if st.fetch_paused:
                 st.room.clear()
                 await st.room.wait()
                 continue
-            free = cap - st.in_flight
+            free = self.limit() - st.in_flight
             if s.max_jobs is not None:
                 free = min(free, s.max_jobs - st.jobs_done - st.in_flight)
                 if free <= 0 and st.in_flight == 0:
@@ -73,6 +132,11 @@ class Fetcher:
                     st.recycled = True
                     st.stopping = True
                     break
+            unit = self._unit
+            if unit > 1 and st.in_flight and free < unit <= self.limit():
+                free = 0  # batch handlers: wait until a whole batch can be fetched
+            elif unit > 1 and free > unit:
+                free -= free % unit
             if free <= 0 or len(st.work) >= 2 * s.fetch_batch:
                 st.room.clear()
                 await st.room.wait()
@@ -87,8 +151,11 @@ class Fetcher:
                 log.warning("fetch failed (%s); retrying in %.1fs", exc, pause)
                 await st.sleep_unless_stopped(pause)
                 continue
-            if got:
+            if got or len(self._tried) < len(st.queues):
+                # jobs came, or a queue was not asked this time (its share was 0, or
+                # rotation): ask the others before idling
                 continue
+            self._tried.clear()
             if s.burst:
                 if st.in_flight:
                     # this process's last jobs are running: pop again as soon as they
@@ -109,73 +176,109 @@ class Fetcher:
             await self.idle_wait(wait_s)
 
     async def pop(self, free: int) -> tuple[int, float]:
-        """Pop from every queue (rotating the order); returns (jobs got, idle wait)."""
+        """Pop from the served queues (``selection``: rotating, weighted or strict);
+        returns (jobs got, idle wait)."""
         st = self.st
         s = st.settings
         qs = st.queues
-        n = len(qs)
         lease_ms = int(s.lease_s * 1000)
-        if n == 1:
-            k = qs[0]
-            t0 = time.perf_counter()
-            results = [await st.scripts.call(
-                calls.pop(k, min(free, s.fetch_batch), lease_ms, PROMOTE_CHUNK))]
-            order: tuple[QueueKeys, ...] = qs
+        t0 = time.perf_counter()
+        asked: list[tuple[QueueKeys, int, Any]] = []
+        if len(qs) == 1:
+            want = min(free, s.fetch_batch)
+            asked.append((qs[0], want, await self._call(qs[0], want, lease_ms)))
+        elif self.selector.strict:
+            # the first queue first; only what it could not fill goes to the next
+            for k in qs:
+                want = self.selector.strict_want(free)
+                res = await self._call(k, want, lease_ms)
+                asked.append((k, want, res))
+                if not isinstance(res, Exception):
+                    free -= len(res) - _HEAD
+                    if free <= 0 or len(res) - _HEAD >= want:
+                        break
         else:
-            self._rotation = (self._rotation + 1) % n
-            order = qs[self._rotation :] + qs[: self._rotation]
-            share = max(1, min(s.fetch_batch, -(-free // n)))
+            n = len(qs)
+            among = [i for i in range(n) if i not in self._tried] or None
+            if among is None:
+                self._tried.clear()  # every queue was asked (a failed round): start over
+            plan = self.selector.plan(free, among)
             pipe = st.redis.pipeline(transaction=False)
-            for k in order:
-                want = min(share, free)
-                free -= want
-                await st.scripts.call(calls.pop(k, want, lease_ms, PROMOTE_CHUNK), client=pipe)
-            t0 = time.perf_counter()
+            for i, want in plan:
+                await st.scripts.call(calls.pop(qs[i], want, lease_ms, PROMOTE_CHUNK),
+                                      client=pipe)
             results = await arun_pipeline(pipe, st.redis)
-        failed = [r for r in results if isinstance(r, Exception)]
-        if len(failed) == len(results):
+            asked = [(qs[i], want, r) for (i, want), r in zip(plan, results, strict=True)]
+        failed = [r for _, _, r in asked if isinstance(r, Exception)]
+        if len(failed) == len(asked):
             raise failed[0]
+        rtt = time.perf_counter() - t0
+        self._rtt_s += RTT_EWMA_ALPHA * (rtt - self._rtt_s)
         m = st.m
         if m is not None:
-            m.redis.observe(("pop",), time.perf_counter() - t0)
+            m.redis.observe(("pop",), rtt)
         got = 0
-        wait_ms = s.max_block_s * 1000
-        c = st.counters
-        for k, res in zip(order, results, strict=True):
+        wait_ms = s.max_block_s * 1000 if not self._tried else self._wait_ms
+        for k, want, res in asked:
+            if want > 0:
+                self._tried.add(self._index[k.queue])
             if isinstance(res, Exception):
                 # another queue's pop did run (on a cluster: another node): take its
                 # jobs rather than strand them until their leases expire
                 continue
-            now, next_due, next_deadline, promoted, reaped, expired, malformed, crashed, \
-                marks, due_campaigns = res[:_HEAD]
-            if due_campaigns:
-                st.due_campaigns.update(x.decode() for x in due_campaigns)
-                st.due_event.set()
-            c.promoted += promoted
-            c.reaped += reaped
-            if expired or malformed or reaped or crashed:
-                for reason, count in (("lease_expired", expired), ("decode_error", malformed),
-                                      ("crashed_worker", crashed)):
-                    if count:
-                        self.out.count_dead(reason, count)
-                if m is not None:
-                    bump(m.redelivered, k.queue, reaped)
-                    bump(m.dead, (k.queue, "", "lease_expired"), expired)
-                    bump(m.dead, (k.queue, "", "decode_error"), malformed)
-                    bump(m.dead, (k.queue, "", "crashed_worker"), crashed)
-            for due in (next_due, next_deadline):
-                if due >= 0:
-                    wait_ms = min(wait_ms, due - now + 2)
-            if len(res) > _HEAD:
-                got_here = self.accept(k.queue, res[_HEAD:], marks)
-                got += got_here
-                if m is not None:
-                    m.batch.observe((k.queue,), got_here)
+            self.selector.came_back(self._index[k.queue], want, len(res) - _HEAD)
+            got_here, wait_ms = self._take(k, res, wait_ms)
+            got += got_here
+        if got:
+            self._tried.clear()
+        self._wait_ms = wait_ms
         if failed:
             if not got:
                 raise failed[0]
             log.warning("fetch from some queues failed (%s); retrying", failed[0])
         return got, max(0.0, wait_ms / 1000)
+
+    async def _call(self, k: QueueKeys, want: int, lease_ms: int) -> Any:
+        """One pop.lua call; a failure is returned, not raised (strict order goes on to
+        the next queue, as a pipeline does)."""
+        if len(self.st.queues) == 1:
+            return await self.st.scripts.call(calls.pop(k, want, lease_ms, PROMOTE_CHUNK))
+        try:
+            return await self.st.scripts.call(calls.pop(k, want, lease_ms, PROMOTE_CHUNK))
+        except REDIS_ERRORS as exc:
+            return exc
+
+    def _take(self, k: QueueKeys, res: list[Any], wait_ms: float) -> tuple[int, float]:
+        """Account for one pop reply and accept its jobs: (jobs got, idle wait in ms)."""
+        st = self.st
+        m = st.m
+        c = st.counters
+        now, next_due, next_deadline, promoted, reaped, expired, malformed, crashed, \
+            marks, due_campaigns = res[:_HEAD]
+        if due_campaigns:
+            st.due_campaigns.update(x.decode() for x in due_campaigns)
+            st.due_event.set()
+        c.promoted += promoted
+        c.reaped += reaped
+        if expired or malformed or reaped or crashed:
+            for reason, count in (("lease_expired", expired), ("decode_error", malformed),
+                                  ("crashed_worker", crashed)):
+                if count:
+                    self.out.count_dead(reason, count)
+            if m is not None:
+                bump(m.redelivered, k.queue, reaped)
+                bump(m.dead, (k.queue, "", "lease_expired"), expired)
+                bump(m.dead, (k.queue, "", "decode_error"), malformed)
+                bump(m.dead, (k.queue, "", "crashed_worker"), crashed)
+        for due in (next_due, next_deadline):
+            if due >= 0:
+                wait_ms = min(wait_ms, due - now + 2)
+        got = 0
+        if len(res) > _HEAD:
+            got = self.accept(k.queue, res[_HEAD:], marks)
+            if m is not None:
+                m.batch.observe((k.queue,), got)
+        return got, wait_ms
 
     def accept(self, queue: str, entries: list[bytes], marks: list[int] | None = None) -> int:
         """Decode popped entries into ``work`` (batch tasks grouped; a recovered job on
@@ -204,6 +307,11 @@ class Fetcher:
                 if g is None:
                     g = groups[job.task] = []
                     st.work.append(g)
+                    if (t.config.batch_size or 1) > self._unit:
+                        # a batch task routed here with options(queue=...): from now
+                        # on, runners take its full batches
+                        self._unit = t.config.batch_size or 1
+                        self._limit_key = (-1.0, -1.0)
                 g.append(job)
                 if len(g) >= (t.config.batch_size or 1):
                     del groups[job.task]

@@ -37,7 +37,7 @@ from ..codec import Job
 from ..load.probe import LOAD_KWARG, Probe
 from .leases import Leases
 from .outcomes import Outcomes, describe
-from .state import YIELD_EVERY_S, State
+from .state import RUN_SAMPLE_MASK, YIELD_EVERY_S, State
 
 if TYPE_CHECKING:
     from ..task import Task
@@ -135,6 +135,10 @@ class Runners:
         st = self.st
         st.busy += 1
         st.quiet.clear()
+        # the wall time sizes the prefetch (fetch.Fetcher.limit); timed for a sample of
+        # jobs only (the first ones included): timing each would cost a no-op job ~4 %
+        timed = not st.jobs_done & RUN_SAMPLE_MASK
+        t0 = time.perf_counter() if timed else 0.0
         try:
             if type(item) is list:
                 await self._run_batch(item)
@@ -144,6 +148,8 @@ class Runners:
             st.busy -= 1
             if not st.busy:
                 st.quiet.set()
+            if timed:
+                st.note_run(time.perf_counter() - t0, len(item) if type(item) is list else 1)
 
     async def _run_alone(self, item: Job | list[Job], jobs: list[Job]) -> None:
         """A recovered job: wait until no other handler runs, record its start, run it,

@@ -28,6 +28,7 @@ from ..codec import Job
 from ..exitcodes import EXIT_OK
 from ..keys import QueueKeys
 from ..scripts import AsyncScripts
+from .selection import check_selection
 
 if TYPE_CHECKING:
     from ..app import App
@@ -53,6 +54,13 @@ YIELD_EVERY_S = 0.05
 """A runner that ran jobs without yielding for this long yields once, so the flusher
 writes the finished jobs' acks: the bound on how long a finished job's ack waits in
 this process (plus one Redis round trip), unless one handler itself blocks the loop."""
+
+RUN_EWMA_ALPHA = 0.1
+"""Weight of the newest sample in ``State.run_s`` (about the last 10-20 samples count)."""
+
+RUN_SAMPLE_MASK = 7
+"""A job is timed for ``State.run_s`` when it starts while the count of settled jobs is
+a multiple of 8 (so every job starting before the first one settled is timed)."""
 
 _CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
 REDIS_ERRORS = (*_CONNECTION_ERRORS, redis.RedisError, RedisClusterException, RuntimeError)
@@ -89,6 +97,13 @@ class WorkerSettings:
     heartbeat_interval_s: float = 1.0
     start_paused: bool = False
     """Start with fetching paused (a child forked while its supervisor is paused)."""
+    order: str = "rotate"
+    """How several queues are served: ``"rotate"`` (the order rotates every fetch, the
+    free slots split evenly, or by ``weights``) or ``"strict"`` (drain the first queue
+    before the next, like a multi-key BLPOP). See ``worker.selection``."""
+    weights: tuple[int, ...] = ()
+    """One weight (1..1000) per queue of ``queues`` (rotating order only): the free
+    slots are split in proportion. Empty: equal shares."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -103,6 +118,7 @@ class WorkerSettings:
         if not self.heartbeat_interval_s > 0:
             raise ValueError(f"heartbeat_interval_s must be positive, not "
                              f"{self.heartbeat_interval_s!r}")
+        check_selection(self.queues, self.order, self.weights)
 
 
 @dataclass
@@ -223,6 +239,10 @@ class State:
         self.pool: ThreadPoolExecutor | None = None
         self.m: Recorder | None = None
         self.started_at = time.time()
+        self.run_s: float | None = None
+        """Moving average of a handler's wall time per job (a batch's time divided by
+        its jobs; a sample of the jobs, ``RUN_SAMPLE_MASK``), once one ran: what sizes
+        the prefetch (``fetch.Fetcher.limit``)."""
         self.due_campaigns: set[str] = set()
         """Campaigns whose last pending job on a queue settled in this process's pop,
         ack or nack: ``campaigns.FollowUp`` tries to complete them."""
@@ -257,6 +277,12 @@ class State:
                 fut.set_result(None)
                 self.waking += 1
                 n -= 1
+
+    def note_run(self, elapsed_s: float, jobs: int) -> None:
+        """A handler ran ``jobs`` jobs in ``elapsed_s`` of wall time."""
+        per_job = elapsed_s / jobs if jobs > 1 else elapsed_s
+        prev = self.run_s
+        self.run_s = per_job if prev is None else prev + RUN_EWMA_ALPHA * (per_job - prev)
 
     def queued_by_queue(self) -> dict[str, int]:
         """Jobs fetched and not started, per queue."""

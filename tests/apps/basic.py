@@ -102,6 +102,12 @@ def build(redis_url: str, namespace: str, log_path: str | None = None) -> batchq
                 failures[job.id] = Exception("x")
         return failures
 
+    @app.task(batch_size=10)
+    async def nap_batch(jobs: list[batchq.Job]) -> None:
+        """A slow batch handler: records the batch size, then sleeps ``args[1]``."""
+        record("nap_batch", len(jobs))
+        await asyncio.sleep(jobs[0].args[1])
+
     @app.task(max_attempts=2)
     def poison(token: Any) -> None:
         record("poison", token)

@@ -79,6 +79,14 @@ def refused(args: list[str], env: dict[str, str | None], named: str) -> str:
     (["--burst", "--fetch-batch", "0"], "--fetch-batch"),
     (["--burst", "--metrics-port", "-1"], "--metrics-port"),
     (["--burst", "--metrics-port", "70000"], "--metrics-port"),
+    (["--burst", "-q", "a=0"], "-q/--queues"),
+    (["--burst", "-q", "a=x"], "-q/--queues"),
+    (["--burst", "-q", "a=1001,b"], "-q/--queues"),
+    (["--burst", "-q", "a=,b"], "-q/--queues"),
+    (["--burst", "-q", "=3"], "-q/--queues"),
+    (["--burst", "-q", "a,b,a"], "-q/--queues"),
+    (["--burst", "--order", "sideways"], "--order"),
+    (["--burst", "-q", "a=3,b=1", "--order", "strict"], "--order strict"),
 ])
 def test_bad_worker_flag_exits_2_naming_it(flags: list[str], named: str,
                                           env: dict[str, str | None]) -> None:
@@ -92,6 +100,8 @@ def test_bad_worker_flag_exits_2_naming_it(flags: list[str], named: str,
     ("BATCHQ_LEASE_S", "nan"),
     ("BATCHQ_LEASE_S", "inf"),
     ("BATCHQ_CONCURRENCY", "many"),
+    ("BATCHQ_QUEUES", "a=0"),
+    ("BATCHQ_ORDER", "sideways"),
 ])
 def test_bad_environment_value_exits_2_naming_it(var: str, value: str,
                                                 env: dict[str, str | None]) -> None:
