@@ -67,7 +67,8 @@ Layout of one queue ``Q`` in namespace ``NS`` (``T`` = ``NS:{NS:Q}``)::
                                    finished (the quota), "<g>:run" leased now, "<g>:t" /
                                    "<g>:ts" its token bucket, "~q:t" / "~q:ts" the queue's,
                                    "pos" the position counter of gready, "vt" the last
-                                   virtual time served
+                                   virtual time served, "pturn" the plain lists' turn
+                                   counter
     T:limits                 hash  "~q" (the queue), "*" (every group without its own) or
                                    g -> "rate,burst,concurrency,max_pending,weight" (empty
                                    fields: none); written by ``Queue.limit``

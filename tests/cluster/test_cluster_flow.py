@@ -58,7 +58,7 @@ def test_flow_control_on_three_nodes(cluster: EmbeddedCluster, app: batchq.App,
     for q in (qa, qb, qc):
         k = app.keys(q)
         wait_until(lambda k=k: not app.clients.redis.hgetall(k.gstate).keys()
-                   - {b"pos", b"vt", f"{group_hex('slow')}:t".encode(),
+                   - {b"pos", b"vt", b"pturn", f"{group_hex('slow')}:t".encode(),
                       f"{group_hex('slow')}:ts".encode()},
                    timeout_s=10, message=f"flow counters of {q} settled")
     assert app.queue(qc).stats().grouped == 0

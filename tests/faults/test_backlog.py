@@ -98,7 +98,10 @@ def test_a_backlog_of_delayed_jobs_coming_due_at_once(fleet_on: FleetFactory,
               f"checker: {report.summary()}")
         assert one_pop_ms < 50
         assert worst_ms < 50, slow[:3]
-        assert max_ready <= 400, "due jobs were moved in bulk, not in chunks"
+        # every pop promotes one chunk (100) and takes what the worker can start soon (its
+        # prefetch is sized from run time), so due jobs may gather in ready: a chunk per
+        # pop, never the whole backlog at once (the pop by hand above moved exactly one)
+        assert max_ready <= n // 10, "due jobs were moved in bulk, not in chunks"
         assert len(waits) == len(live) >= 5
         assert waits[-1] < 1.0, waits[-5:]
         assert w.poll() is None
