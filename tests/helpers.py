@@ -189,3 +189,10 @@ def children(pid: int) -> set[int]:
             if st is not None and st[1] == pid and st[0] != "Z":
                 out.add(int(entry))
     return out
+
+
+def drop_namespace(r: Any, namespace: str) -> None:
+    """Delete every key of a test's namespace (``<namespace>*``), 500 at a time."""
+    keys = list(r.scan_iter(match=f"{namespace}*", count=1000))
+    for i in range(0, len(keys), 500):
+        r.delete(*keys[i : i + 500])

@@ -97,6 +97,24 @@ local function index_pending(pending, pairs)
   if #pairs > 0 then redis.call('HSET', pending, unpack(pairs)) end
 end
 
+-- Add ARGV[first..] (entries) to the delayed set, due at `due` (ms), and index them by
+-- id in the pending hash (the entry: cancel.lua ZREMs it). A write refused by a full
+-- Redis raises before anything is written (ZADD is the first write).
+local function add_delayed(delayed, pending, due, first)
+  local args, marks = {}, {}
+  for i = first, #ARGV do
+    args[#args + 1] = due
+    args[#args + 1] = ARGV[i]
+    local _, _, _, id = parse(ARGV[i])
+    if id then
+      marks[#marks + 1] = id
+      marks[#marks + 1] = ARGV[i]
+    end
+  end
+  redis.call('ZADD', delayed, unpack(args))
+  index_pending(pending, marks)
+end
+
 -- "<id>:<attempt>" -> id
 local function member_id(m)
   return string.match(m, '^(.*):%d+$')

@@ -61,18 +61,7 @@ if mode == 'ready' then
 else
   local due = tonumber(ARGV[3])
   if mode == 'rel' then due = now_ms() + due end
-  local args, marks = {}, {}
-  for i = 7, #ARGV do
-    args[#args + 1] = due
-    args[#args + 1] = ARGV[i]
-    local _, _, _, id = parse(ARGV[i])
-    if id then
-      marks[#marks + 1] = id
-      marks[#marks + 1] = ARGV[i]
-    end
-  end
-  redis.call('ZADD', delayed, unpack(args))
-  index_pending(pending, marks)
+  add_delayed(delayed, pending, due, 7)
 end
 redis.call('HINCRBY', stats, 'enqueued', count)
 leave_wake_token(wake)

@@ -31,22 +31,8 @@ local due = tonumber(ARGV[3])
 if ARGV[2] == 'rel' then
   due = now_ms() + due
 end
-local args = {}
-for i = 4, #ARGV do
-  args[#args + 1] = due
-  args[#args + 1] = ARGV[i]
-end
-redis.call('ZADD', delayed, unpack(args))
+-- results/status/cancel: the jobs are indexed by id too (_lib.lua add_delayed)
+add_delayed(delayed, pending, due, 4)
 redis.call('HINCRBY', stats, 'enqueued', #ARGV - 3)
--- results/status/cancel: index the jobs by id (the entry: cancel.lua ZREMs it)
-local marks = {}
-for i = 4, #ARGV do
-  local _, _, _, id = parse(ARGV[i])
-  if id then
-    marks[#marks + 1] = id
-    marks[#marks + 1] = ARGV[i]
-  end
-end
-index_pending(pending, marks)
 leave_wake_token(wake)
 return due

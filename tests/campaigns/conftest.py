@@ -10,6 +10,7 @@ from typing import Any
 import msgpack
 import pytest
 import redis
+from helpers import drop_namespace
 
 import batchq
 
@@ -39,9 +40,7 @@ def app(redis_url: str, namespace: str, redis_client: redis.Redis) -> Iterator[b
     a = make_app(redis_url, namespace)
     yield a
     a.close()
-    keys = list(redis_client.scan_iter(match=f"{namespace}*", count=1000))
-    for i in range(0, len(keys), 500):
-        redis_client.delete(*keys[i : i + 500])
+    drop_namespace(redis_client, namespace)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 from apps.flow_app import build
-from helpers import CliProcess
+from helpers import CliProcess, drop_namespace
 from workers import WorkerProcs, worker_env
 
 import batchq
@@ -56,9 +56,7 @@ def app(redis_url: str, namespace: str, log_path: Path,
     a = build(redis_url, namespace, str(log_path))
     yield a
     a.close()
-    keys = list(redis_client.scan_iter(match=f"{namespace}*", count=1000))
-    for i in range(0, len(keys), 500):
-        redis_client.delete(*keys[i : i + 500])
+    drop_namespace(redis_client, namespace)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 from apps.basic import build
-from helpers import CliProcess
+from helpers import CliProcess, drop_namespace
 from workers import WorkerProcs
 from workers import worker_env as worker_env_of
 
@@ -55,9 +55,7 @@ def app(redis_url: str, namespace: str, log_path: Path,
     a = build(redis_url, namespace, str(log_path))
     yield a
     a.close()
-    keys = list(redis_client.scan_iter(match=f"{namespace}*", count=1000))
-    for i in range(0, len(keys), 500):
-        redis_client.delete(*keys[i : i + 500])
+    drop_namespace(redis_client, namespace)
 
 
 WorkerFactory = Callable[..., CliProcess]

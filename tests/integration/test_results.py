@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 from apps.results_app import QUEUE, build
-from helpers import wait_until
+from helpers import drop_namespace, wait_until
 from workers import WorkerProcs, worker_env
 
 import batchq
@@ -34,9 +34,7 @@ def app(redis_url: str, namespace: str, log_path: Path,
     a = build(redis_url, namespace, str(log_path))
     yield a
     a.close()
-    keys = list(redis_client.scan_iter(match=f"{namespace}*", count=1000))
-    for i in range(0, len(keys), 500):
-        redis_client.delete(*keys[i : i + 500])
+    drop_namespace(redis_client, namespace)
 
 
 @pytest.fixture
