@@ -227,10 +227,9 @@ def _server_cpu_s(ctx: Context) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def _drain(ctx: Context, jobs: int, groups: int, queue_rate: float | None,
-           processes: int | None, concurrency: int) -> tuple[float, float]:
-    """(jobs/s from the handlers' clocks, the server's CPU µs per job over the fleet's
-    life: start-up, drain, exit)."""
+def fill(ctx: Context, jobs: int, groups: int, queue_rate: float | None) -> None:
+    """A fresh queue of ``jobs`` no-op jobs, in ``groups`` groups (0: none), under a
+    queue-wide rate limit when ``queue_rate``."""
     ctx.reset()
     q = ctx.app.queue(QUEUE)
     q.remove_limit()
@@ -243,6 +242,14 @@ def _drain(ctx: Context, jobs: int, groups: int, queue_rate: float | None,
         noop.enqueue_many(_items(jobs, None))
     if queue_rate:
         q.limit(rate_per_s=queue_rate)
+
+
+def _drain(ctx: Context, jobs: int, groups: int, queue_rate: float | None,
+           processes: int | None, concurrency: int) -> tuple[float, float]:
+    """(jobs/s from the handlers' clocks, the server's CPU µs per job over the fleet's
+    life: start-up, drain, exit)."""
+    fill(ctx, jobs, groups, queue_rate)
+    q = ctx.app.queue(QUEUE)
     fleet = Fleet(batchq_worker_argv(processes, concurrency, burst=True), ctx.fleet_env())
     cpu0 = _server_cpu_s(ctx)
     try:

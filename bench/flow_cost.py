@@ -24,8 +24,8 @@ from typing import Any
 from batchq.scripts import calls, source
 
 from .apps import QUEUE
+from .flow import fill
 from .harness import Context
-from .throughput import _items
 
 QUANTUM = "local QUANTUM = "
 
@@ -46,18 +46,8 @@ def _server_usec(ctx: Context) -> int:
 
 def once(ctx: Context, jobs: int, groups: int, pop_src: str, ack_src: str,
          batch: int, queue_rate: float | None = None) -> tuple[float, float]:
-    ctx.reset()
+    fill(ctx, jobs, groups, queue_rate)
     q = ctx.app.queue(QUEUE)
-    q.remove_limit()
-    noop = ctx.app.tasks["noop"]
-    if groups:
-        per = [jobs // groups + (1 if i < jobs % groups else 0) for i in range(groups)]
-        for g, n in enumerate(per):
-            noop.options(group=f"g{g}").enqueue_many(_items(n, None))
-    else:
-        noop.enqueue_many(_items(jobs, None))
-    if queue_rate:
-        q.limit(rate_per_s=queue_rate)
     k = ctx.app.keys(QUEUE)
     r: Any = ctx.client
     pop_sha, ack_sha = r.script_load(pop_src), r.script_load(ack_src)
