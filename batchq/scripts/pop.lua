@@ -361,7 +361,7 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
       local lim, w = gl[i], gl[i] and gl[i].weight or 1
       local n = math.min(want, math.max(math.ceil(QUANTUM * w),
                                         math.floor(budget * w / sumw + 0.5)))
-      local why  -- the group cannot start more now: 'slot' or a time to look again
+      local why  -- the group cannot start more now: BLOCKED (no slot), or when to look again
       if lim and lim.conc then
         local run = tonumber(redis.call('HGET', gstate, g .. ':run') or '0')
         if run + n > lim.conc then n = lim.conc - run end
