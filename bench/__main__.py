@@ -1,9 +1,9 @@
 """``python -m bench SCENARIO [options]``: the batchq benchmark harness.
 
-Scenarios: enqueue, drain, allin, latency, memory, idle, scale (batchq alone), peers (batchq
-side by side with other Redis queues), plot (a PNG from latency records). Each scenario
-run writes one JSON record to ``bench/results/<scenario>-<timestamp>.json`` and prints a
-markdown table. See bench/README.md for what exactly each figure times.
+Scenarios: enqueue, drain, allin, latency, memory, idle, scale, iocurve (batchq alone),
+peers (batchq side by side with other Redis queues), plot (a PNG from latency records).
+Each scenario run writes one JSON record to ``bench/results/<scenario>-<timestamp>.json``
+and prints a markdown table. See bench/README.md for what exactly each figure times.
 """
 
 from __future__ import annotations
@@ -15,14 +15,15 @@ from pathlib import Path
 from typing import Any
 
 SCENARIOS = ("enqueue", "drain", "allin", "latency", "memory", "idle", "scale", "campaign",
-             "fanout", "groups", "ratecheck")
+             "fanout", "groups", "ratecheck", "iocurve")
 COMMANDS = (*SCENARIOS, "peers", "plot")
 
 # (full, --quick) defaults of --jobs per scenario
 JOBS = {"enqueue": (50_000, 2_000), "drain": (100_000, 2_000), "allin": (1_000_000, 5_000),
         "latency": (50_000, 2_000),
         "memory": (1_000_000, 2_000), "scale": (50_000, 2_000),
-        "campaign": (100_000, 2_000), "fanout": (100_000, 2_000), "groups": (100_000, 2_000)}
+        "campaign": (100_000, 2_000), "fanout": (100_000, 2_000), "groups": (100_000, 2_000),
+        "iocurve": (0, 0)}  # 0: per level, bench/iocurve.py's default_jobs
 
 
 def _common(p: argparse.ArgumentParser, scenario: str) -> None:
@@ -36,8 +37,12 @@ def _common(p: argparse.ArgumentParser, scenario: str) -> None:
     if scenario in JOBS:
         full, quick = JOBS[scenario]
         what = "jobs of the max-rate probe" if scenario == "latency" else "jobs per run"
-        p.add_argument("--jobs", type=int, default=None,
-                       help=f"{what} (default {full:,}, --quick {quick:,})")
+        default = f"default {full:,}, --quick {quick:,}"
+        if scenario == "iocurve":
+            what = "jobs per level"
+            default = ("default max(20 x C, 20,000, 8 s at min(C / sleep, 10,000) jobs/s), "
+                       "--quick max(5 x C, 200)")
+        p.add_argument("--jobs", type=int, default=None, help=f"{what} ({default})")
     p.add_argument("-p", "--processes", type=int, default=None,
                    help="worker processes (default: os.cpu_count())")
     p.add_argument("-c", "--concurrency", type=int, default=100,
@@ -124,6 +129,12 @@ def add_scenario_args(p: argparse.ArgumentParser, scenario: str) -> None:
                        help="rate_per_s of the limited group (default 50)")
         p.add_argument("--group-burst", type=int, default=5,
                        help="burst of the limited group (default 5)")
+    if scenario == "iocurve":
+        p.add_argument("--levels", default="100,1000,5000",
+                       help="worker concurrencies (-c) of one process, one row each "
+                       "(default 100,1000,5000; -c and -p are not used)")
+        p.add_argument("--sleep-ms", type=float, default=50.0,
+                       help="what each handler awaits (asyncio.sleep; default 50 ms)")
     if scenario == "memory":
         p.add_argument("--payload-bytes", type=int, default=100,
                        help="size of each job's bytes argument (default 100)")
@@ -150,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
              "fanout": "flow control: a mock provider with per-sender limits, 20 groups",
              "groups": "no-op drain: plain, in 1,000 groups, under a queue rate limit",
              "ratecheck": "starts in any 1 s window vs rate + burst, two supervisors",
+             "iocurve": "one process, handlers awaiting 50 ms: jobs/s, RSS and CPU "
+                        "against -c 100, 1,000, 5,000",
              "peers": "batchq against Celery, RQ, arq, dramatiq, saq, taskiq, huey",
              "plot": "PNG of latency percentiles against offered rate"}
     for name in COMMANDS:
@@ -162,6 +175,7 @@ def _run_scenario(args: argparse.Namespace) -> int:
     from .allin import run_allin
     from .campaigns import run_campaign
     from .flow import run_fanout, run_groups, run_ratecheck
+    from .iocurve import run_iocurve
     from .latency import run_latency
     from .resources import run_idle, run_memory
     from .throughput import run_drain, run_enqueue, run_scale
@@ -213,6 +227,9 @@ def _run_scenario(args: argparse.Namespace) -> int:
             rate=args.rate, burst=args.burst, group_rate=args.group_rate,
             group_burst=args.group_burst, processes=args.processes,
             concurrency=args.concurrency),
+        "iocurve": lambda ctx, rec: run_iocurve(
+            ctx, rec, levels=[int(x) for x in args.levels.split(",") if x.strip()],
+            jobs=jobs, repeat=repeat, sleep_ms=args.sleep_ms, quick=quick),
         "idle": lambda ctx, rec: run_idle(
             ctx, rec, repeat=repeat, processes=args.processes, concurrency=args.concurrency,
             warmup_s=args.warmup if args.warmup is not None else (0.5 if quick else 2.0),

@@ -8,6 +8,7 @@ is built from the environment the harness gives the worker fleet:
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from typing import Any
@@ -49,6 +50,15 @@ def make_app(redis_url: str | None = None, namespace: str = "bench") -> batchq.A
         rec.ensure_task()
         rec.job(t0, time.time(), len(jobs))
         return {}
+
+    @app.task(queue=QUEUE)
+    async def io_wait(seconds: float) -> None:
+        """An I/O-bound job (the ``iocurve`` scenario): awaits ``seconds``, standing in
+        for an HTTP call to a provider; entry and exit are recorded as for ``noop``."""
+        t0 = time.time()
+        rec.ensure_task()
+        await asyncio.sleep(seconds)
+        rec.job(t0, time.time())
 
     @app.task(queue=QUEUE)
     async def lat(intended: float, sent: float) -> None:

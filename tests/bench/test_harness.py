@@ -24,9 +24,12 @@ CASES = [
     ("memory", ["--jobs", "2000"]),
     ("idle", ["--duration", "0.5", "--warmup", "0.3"]),
     ("scale", ["--jobs", "1000", "--payloads", "100,10000"]),
+    ("iocurve", ["--levels", "20,100", "--sleep-ms", "20"]),
 ]
 PERCENTILES = ("p50", "p90", "p99", "p99.9", "max")
-MAY_BE_ZERO = {"fleet CPU", "Redis commands/s", "server CPU", "send lateness p99"}
+MAY_BE_ZERO = {"fleet CPU", "Redis commands/s", "server CPU", "send lateness p99",
+               # CPU ticks of 10 ms sampled every 50 ms: a tiny drain may see none
+               "worker CPU µs/job", "worker CPU"}
 # INFO used_memory is server-wide: on a server shared with other clients the part of a
 # delta above the entry size is only a number, not necessarily positive
 UNSIGNED = {"overhead/job"}
@@ -96,6 +99,16 @@ def test_scenario_quick(scenario: str, extra: list[str], redis_url: str, tmp_pat
     if scenario == "scale":
         sizes = [r["params"]["payload_bytes"] for r in rec["rows"]]
         assert sizes[-2:] == [100, 10000]
+    if scenario == "iocurve":
+        # --quick: max(5 x C, 200) jobs per level, one worker process each
+        assert [(r["concurrency"], r["jobs"]) for r in rec["runs"]] == [(20, 200), (100, 500)]
+        for run in rec["runs"]:
+            assert run["ideal_jobs_per_s"] == run["concurrency"] / 0.02
+            # not a timing threshold: at most C handlers at once, each awaiting >= 20 ms,
+            # so the drain cannot beat C / 20 ms (the slack is clock granularity)
+            assert 0 < run["ratio_of_ideal"] <= 1.05, run
+            assert run["fleet_exited_by_itself"] and run["worker_cpu_s"] > 0
+            assert run["maxrss_bytes"] >= run["sampled_peak_rss_bytes"] > 1 << 20
 
 
 def test_plot(tmp_path: Path) -> None:
