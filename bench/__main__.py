@@ -40,7 +40,7 @@ def _common(p: argparse.ArgumentParser, scenario: str) -> None:
         default = f"default {full:,}, --quick {quick:,}"
         if scenario == "iocurve":
             what = "jobs per level"
-            default = ("default max(20 x C, 20,000, 8 s at min(C / sleep, 10,000) jobs/s), "
+            default = ("default max(20 x C, 20,000, 8 s at min(C / sleep, 20,000) jobs/s), "
                        "--quick max(5 x C, 200)")
         p.add_argument("--jobs", type=int, default=None, help=f"{what} ({default})")
     p.add_argument("-p", "--processes", type=int, default=None,

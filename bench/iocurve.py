@@ -9,15 +9,19 @@ entry)**, from the handlers' own clocks (``bench/record.py``). Beside it:
 
 * the ideal ``C / sleep`` (every slot always busy) and the achieved ratio
   ``jobs/s / min(C / sleep, --cap)``: issue 14's target is >= 80 % up to 10,000 jobs/s;
-* the worker's peak RSS: ``ru_maxrss`` from ``os.wait4`` at its exit (the kernel's
-  high-water mark, start-up and shutdown included), and the largest
-  ``/proc/<pid>/statm`` RSS sampled every 50 ms;
+* the worker's peak RSS: its ``VmHWM`` (``/proc/<pid>/status``, the kernel's high-water
+  mark of its RSS since the exec), read every 50 ms while it runs, the last reading
+  kept; and the largest ``/proc/<pid>/statm`` RSS of those samples. Not ``ru_maxrss``
+  from ``os.wait4``: Linux carries the pre-exec RSS of the forked (or vforked) harness
+  process into the child's ``maxrss``, so it reads the harness's own size whenever
+  that is larger (55 MiB against the worker's 37 MiB at ``-c 100``);
 * the worker's CPU time in the drain window (``/proc/<pid>/stat`` utime + stime, sampled
   every 50 ms, interpolated at the first entry and the last exit) per job and in % of
-  one core, and its whole-life CPU (``wait4``) per job.
+  one core, and its whole-life CPU (``wait4``) per job; the embedded server's CPU in
+  the same window (% of one core; not with ``--redis-url``).
 
-Default jobs per level: ``max(20 x C, 20,000, 8 s at min(C / sleep, cap))``, so every
-slot runs at least 20 jobs and a level takes ~5-10 s at the target rate.
+Default jobs per level: ``max(20 x C, 20,000, 8 s at min(C / sleep, 20,000) jobs/s)``,
+so every slot runs at least 20 jobs and a level takes ~4-10 s.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from .harness import (
     Row,
     batchq_worker_argv,
     cpu_seconds,
+    peak_rss_bytes,
     rss_bytes,
     timed,
 )
@@ -49,23 +54,30 @@ CAP_JOBS_PER_S = 10_000.0
 """Issue 14: >= 80 % of C / sleep "up to 10,000 jobs/s"."""
 SAMPLE_EVERY_S = 0.05
 LEVEL_S = 8.0
-"""Default jobs per level: about this long at the target rate (min(C / sleep, cap))."""
+SIZING_JOBS_PER_S = 20_000.0
+"""Default jobs per level: about ``LEVEL_S`` at min(C / sleep, 20,000) jobs/s, at least
+20 per slot and 20,000: 20,000 / 160,000 / 160,000 for the default levels, 4-10 s each
+where one process reaches those rates."""
 
 
 def default_jobs(concurrency: int, sleep_s: float, quick: bool) -> int:
     if quick:
         return max(5 * concurrency, 200)
-    at_target = min(concurrency / sleep_s, CAP_JOBS_PER_S)
-    return max(20 * concurrency, 20_000, round(LEVEL_S * at_target))
+    return max(20 * concurrency, 20_000,
+               round(LEVEL_S * min(concurrency / sleep_s, SIZING_JOBS_PER_S)))
 
 
 class Sampler:
     """Samples one process's RSS (``statm``) and CPU time (``stat``) every 50 ms on a
-    thread: ``(wall time, cpu seconds, rss bytes)``."""
+    thread, ``(wall time, cpu seconds, rss bytes)``, and its ``VmHWM``."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, server_pid: int = 0) -> None:
         self.pid = pid
+        self.server_pid = server_pid
         self.samples: list[tuple[float, float, int]] = []
+        self.server: list[tuple[float, float, int]] = []
+        """The embedded server's ``(wall time, cpu seconds, 0)``, when there is one."""
+        self.hwm = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="iocurve-sampler",
                                         daemon=True)
@@ -73,8 +85,12 @@ class Sampler:
     def _one(self) -> None:
         with contextlib.suppress(OSError, ValueError, IndexError):
             cpu, rss = cpu_seconds(self.pid), rss_bytes(self.pid)
-            if rss:  # a zombie's statm reads 0
+            if rss:  # a zombie's statm reads 0 (and its status has no VmHWM)
                 self.samples.append((time.time(), cpu, rss))
+                self.hwm = max(self.hwm, peak_rss_bytes(self.pid))
+        if self.server_pid:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                self.server.append((time.time(), cpu_seconds(self.server_pid), 0))
 
     def _main(self) -> None:
         while not self._stop.is_set():
@@ -89,9 +105,9 @@ class Sampler:
         self._stop.set()
         self._thread.join()
 
-    def cpu_at(self, t: float) -> float:
+    def cpu_at(self, t: float, server: bool = False) -> float:
         """CPU seconds at wall time ``t``, linearly interpolated between samples."""
-        s = self.samples
+        s = self.server if server else self.samples
         if not s:
             return 0.0
         if t <= s[0][0]:
@@ -107,8 +123,8 @@ class Sampler:
 
 
 def _try_reap(fleet: Fleet) -> tuple[int, Any] | None:
-    """Reap the worker with ``os.wait4`` if it has exited (its rusage: CPU time and
-    ``ru_maxrss``), else ``None``. Popen must never reap it first (``poll``/``wait``
+    """Reap the worker with ``os.wait4`` if it has exited (its rusage: CPU time), else
+    ``None``. Popen must never reap it first (``poll``/``wait``
     would lose the rusage), hence this and ``_wait_done`` instead of
     ``harness.wait_for_totals``, whose loop polls."""
     assert fleet.proc is not None
@@ -161,7 +177,8 @@ def iocurve_once(ctx: Context, concurrency: int, n: int, sleep_s: float) -> dict
     reaped = None
     with fleet:
         fleet.start()
-        with Sampler(fleet.pid) as sampler:
+        server_pid = ctx.server["pid"] if ctx.embedded is not None else 0
+        with Sampler(fleet.pid, server_pid) as sampler:
             (jobs, first, last, _), reaped = _wait_done(ctx, fleet, n, 60 + n / 200)
         if reaped is None:
             ctx.note_hang()
@@ -181,18 +198,20 @@ def iocurve_once(ctx: Context, concurrency: int, n: int, sleep_s: float) -> dict
         "target_basis_jobs_per_s": min(ideal, CAP_JOBS_PER_S),
         "ratio_of_capped_ideal": jobs_per_s / min(ideal, CAP_JOBS_PER_S),
         "ratio_of_ideal": jobs_per_s / ideal,
+        "peak_rss_bytes": sampler.hwm,
         "sampled_peak_rss_bytes": sampler.peak_rss,
         "window_cpu_s": window_cpu,
         "window_cpu_us_per_job": window_cpu / jobs * 1e6,
         "window_cpu_percent": window_cpu / span * 100,
         "samples": len(sampler.samples),
+        "server_cpu_percent": ((sampler.cpu_at(last, True) - sampler.cpu_at(first, True))
+                               / span * 100 if server_pid else None),
         "fleet_exited_by_itself": reaped is not None,
     }
     if reaped is not None:
         usage = reaped[1]
         cpu = usage.ru_utime + usage.ru_stime
         out.update(fleet_wall_s=time.perf_counter() - fleet.started_at,
-                   maxrss_bytes=usage.ru_maxrss * 1024,  # KiB on Linux
                    worker_cpu_s=cpu, worker_cpu_us_per_job=cpu / n * 1e6)
     return out
 
@@ -210,11 +229,13 @@ def run_iocurve(ctx: Context, rec: dict[str, Any], *, levels: list[int], jobs: i
             r = iocurve_once(ctx, c, row.params["jobs"], sleep_s)
             row.add("jobs/s", r["jobs_per_s"], "jobs/s")
             row.add(f"ideal C/{sleep_ms:g} ms", r["ideal_jobs_per_s"], "jobs/s")
+            row.add("÷ ideal", r["ratio_of_ideal"])
             row.add(f"÷ min(ideal, {CAP_JOBS_PER_S:,.0f})", r["ratio_of_capped_ideal"])
-            if "maxrss_bytes" in r:
-                row.add("peak RSS", r["maxrss_bytes"] / 2**20, "MiB")
+            row.add("peak RSS", r["peak_rss_bytes"] / 2**20, "MiB")
             row.add("worker CPU µs/job", r["window_cpu_us_per_job"], "µs")
             row.add("worker CPU", r["window_cpu_percent"], "% of a core")
+            if r["server_cpu_percent"] is not None:
+                row.add("Valkey CPU", r["server_cpu_percent"], "% of a core")
             rec["runs"].append({"case": row.name, "repeat": i, **r})
     record.reset(ctx.client, ctx.key)
     return rows
