@@ -21,7 +21,8 @@ the report, not to retries or the dead-letter queue); jobs still queued after an
 are acknowledged without running.
 
 ``batchq bench SCENARIO ...`` runs ``python -m bench SCENARIO ...`` (enqueue, drain,
-latency, memory, idle, scale, peers, plot) from a batchq source checkout: the harness
+allin, latency, memory, idle, scale, campaign, fanout, groups, ratecheck, iocurve, peers,
+plot) from a batchq source checkout: the harness
 lives in the repository's top-level ``bench/`` folder, which is not installed. The
 checkout is the one this batchq was imported from (an editable install or a run from the
 source tree), else the current directory or one of its parents; anywhere else the
@@ -51,7 +52,8 @@ if TYPE_CHECKING:
     from ..load.profiles import AbortRule
     from ..loadgen import Profile
 
-HARNESS_COMMANDS = ("enqueue", "drain", "latency", "memory", "idle", "scale", "peers", "plot")
+HARNESS_COMMANDS = ("enqueue", "drain", "allin", "latency", "memory", "idle", "scale",
+                    "campaign", "fanout", "groups", "ratecheck", "iocurve", "peers", "plot")
 
 
 def _positive_int(raw: str) -> int:

@@ -95,6 +95,9 @@ def test_harness_delegation(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                             capsys: pytest.CaptureFixture[str]) -> None:
     args = _parser().parse_args(["bench", "drain", "--quick", "--jobs", "5"])
     assert args.handler is cli_bench.cmd_harness and args.rest == ["--quick", "--jobs", "5"]
+    # every command of the harness is forwarded
+    from bench.__main__ import COMMANDS
+    assert set(cli_bench.HARNESS_COMMANDS) == set(COMMANDS)
 
     # the harness is found in the checkout batchq came from, whatever the cwd
     repo = Path(__file__).resolve().parent.parent.parent
