@@ -44,6 +44,7 @@ end
 local marks = redis.call('HLEN', started) > 0
 local n = 0
 local back, woken = {}, {}
+local plain = false  -- a job without a group went back: a hold holds the whole queue
 for i = #ARGV, 2, -1 do
   local m = ARGV[i]
   local id = member_id(m)
@@ -58,7 +59,7 @@ for i = #ARGV, 2, -1 do
         woken[g] = true
       else
         redis.call('LPUSH', ready_key(p), r)
-        if hold > 0 then hold_off(QUEUE) end
+        plain = true
       end
       redis.call('ZREM', reserved, m)
       redis.call('HDEL', inflight, id)
@@ -69,6 +70,7 @@ for i = #ARGV, 2, -1 do
     end
   end
 end
+if plain and hold > 0 then hold_off(QUEUE) end
 for g in pairs(woken) do
   if hold > 0 then hold_off(g) else gwake(groups, gwait, gstate, g) end
 end
