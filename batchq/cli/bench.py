@@ -398,7 +398,7 @@ def _stop_children(children: list[Any], grace_s: float = 10.0) -> None:
         except subprocess.TimeoutExpired:
             c.terminate()
             try:
-                c.wait(timeout=5)
+                c.wait(timeout=max(1.0, min(5.0, grace_s)))
             except subprocess.TimeoutExpired:
                 c.kill()
                 c.wait()
