@@ -26,7 +26,8 @@
 -- KEYS[27] done: prefix of the per-job channels; a job dead-lettered here is announced
 --          on "<done>:<id>" with "d"
 -- KEYS[28] seq counter; KEYS[29..32] waiting bitmaps, slots 0..3 (enqueue.lua): a popped
---          job's bit is cleared (one SETBIT per job; ids without a sequence number: none)
+--          job's bit is cleared (per run of consecutive sequence numbers, as a FIFO pop
+--          takes them: one to three commands a run; ids without a sequence number: none)
 -- KEYS[33] gready zset, KEYS[34] groups zset, KEYS[35] gwait zset, KEYS[36] gstate
 --          hash, KEYS[37] limits hash: flow control (_lib.lua "Groups"). Grouped jobs
 --          are promoted, reaped and popped through their group; groups are served in
@@ -459,11 +460,12 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
     if redis.call('HLEN', pending) > 0 then
       redis.call('HDEL', pending, unpack(ids))
     end
-    local top = seq_top(seq)
+    local seqs = {}
     for _, id in ipairs(ids) do
-      local slot, off = wait_pos(top, seq_of(id))
-      if slot then redis.call('SETBIT', KEYS[WAIT0 + slot], off, 0) end
+      local q = seq_of(id)
+      if q then seqs[#seqs + 1] = q end
     end
+    if #seqs > 0 then set_waiting(seq_top(seq), WAIT0, seqs, 0) end
   end
   if dropped > 0 then
     redis.call('HINCRBY', stats, 'cancelled', dropped)
