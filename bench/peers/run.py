@@ -28,7 +28,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -277,34 +277,44 @@ def one_rate(sys_: System, rate: float, duration_s: float) -> dict[str, Any]:
     return fig
 
 
-def latency(sys_: System, rates: Iterable[float], duration_s: float,
-            repeat: int) -> list[tuple[float, list[dict[str, Any]]]]:
-    """``repeat`` runs at each rate, on one fleet, until a rate is not sustained by a
-    majority of its runs (runs stop as soon as that majority is out of reach); that rate
-    is the last one measured."""
-    sys_.flush()
+def climb(rates: Iterable[float], repeat: int,
+          measure: Callable[[float], dict[str, Any]]) -> list[tuple[float, list[dict[str, Any]]]]:
+    """``measure(rate)`` up to ``repeat`` times at each rate, in order, until a rate is
+    not sustained by a majority of ``repeat`` runs; that rate is the last one measured.
+    The runs of a rate stop as soon as that majority is out of reach."""
     need = runs_needed(repeat)
     out: list[tuple[float, list[dict[str, Any]]]] = []
+    for rate in rates:
+        runs: list[dict[str, Any]] = []
+        while len(runs) < repeat and sum(not r["sustained"] for r in runs) <= repeat - need:
+            runs.append(measure(rate))
+        out.append((rate, runs))
+        if sum(1 for r in runs if r["sustained"]) < need:
+            break
+    return out
+
+
+def latency(sys_: System, rates: Iterable[float], duration_s: float,
+            repeat: int) -> list[tuple[float, list[dict[str, Any]]]]:
+    """``climb`` over ``rates`` on one fleet of the system."""
+    sys_.flush()
     with sys_.fleet() as fleet:
         fleet.start()
-        for rate in rates:
-            runs: list[dict[str, Any]] = []
-            while (len(runs) < repeat
-                   and sum(not r["sustained"] for r in runs) <= repeat - need):
-                if not fleet.running():
-                    raise RuntimeError(f"{sys_.name}: the worker fleet exited at "
-                                       f"{rate:g} jobs/s\n{fleet.log_tail()}")
-                fig = one_rate(sys_, rate, duration_s)
-                runs.append(fig)
-                s = fig["enqueue_to_start"]
-                print(f"   {sys_.name} @ {rate:,.0f}/s: start p50 {_fmt_ms(s['p50'])} p99 "
-                      f"{_fmt_ms(s['p99'])} ms, sent {fig['achieved_send_rate']:,.0f}/s, "
-                      f"done {fig['completion_rate']:,.0f}/s"
-                      + ("" if fig["sustained"] else f", NOT sustained (lost {fig['lost']})"),
-                      file=sys.stderr, flush=True)
-            out.append((rate, runs))
-            if sum(r["sustained"] for r in runs) < need:
-                break
+
+        def measure(rate: float) -> dict[str, Any]:
+            if not fleet.running():
+                raise RuntimeError(f"{sys_.name}: the worker fleet exited at {rate:g} "
+                                   f"jobs/s\n{fleet.log_tail()}")
+            fig = one_rate(sys_, rate, duration_s)
+            s = fig["enqueue_to_start"]
+            print(f"   {sys_.name} @ {rate:,.0f}/s: start p50 {_fmt_ms(s['p50'])} p99 "
+                  f"{_fmt_ms(s['p99'])} ms, sent {fig['achieved_send_rate']:,.0f}/s, "
+                  f"done {fig['completion_rate']:,.0f}/s"
+                  + ("" if fig["sustained"] else f", NOT sustained (lost {fig['lost']})"),
+                  file=sys.stderr, flush=True)
+            return fig
+
+        out = climb(rates, repeat, measure)
         fleet.stop(signal.SIGTERM, timeout_s=15)
     return out
 
