@@ -392,8 +392,8 @@ def comparison_table(rec: dict[str, Any]) -> str:
             if lv["lost"]:
                 ok += f", {lv['lost']:,} jobs not done in time"
             mine = bq_p99.get(rate)
-            ratio = ("1" if name == "batchq" else
-                     f"{s['p99'] / mine:.1f}" if mine and lv["sustained"] else "-")
+            ratio = ("-" if not (mine and lv["sustained"]) else
+                     "1" if name == "batchq" else f"{s['p99'] / mine:.1f}")
             lines.append(
                 f"| {name} | {rate:,.0f} | {ok} | "
                 + " / ".join(_fmt_ms(s[k]) for k in ("p50", "p99", "p99.9", "max"))
