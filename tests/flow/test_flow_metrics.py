@@ -51,7 +51,10 @@ def test_flow_series_on_metrics(app: batchq.App, queue_name: str,
     Q = queue_name
 
     def ready() -> bool:
-        text = scrape(port)
+        try:
+            text = scrape(port)
+        except OSError:  # the supervisor's metrics server is not listening yet
+            return False
         return series(text, "batchq_limit_concurrency_used_ratio", Q).get("busy") == 1.0
 
     wait_until(ready, timeout_s=30, interval_s=0.2,
