@@ -78,7 +78,7 @@ def queue_names(app: App, extra: Iterable[str] = ()) -> list[str]:
 
 def read_queues(app: App, names: list[str]) -> dict[str, QueueView]:
     """Counts of ``names`` (valid queue names) in one pipelined round trip."""
-    snaps = stats.read(app.redis, [app.keys(name) for name in names])
+    snaps = stats.read_queues(app.redis, app.namespace, names, app.clients.shards)
     return {s.name: QueueView(s.name, s.stats, s.outcomes) for s in snaps}
 
 
