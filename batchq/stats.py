@@ -67,6 +67,8 @@ class Snapshot:
     """Now minus the due time of the oldest delayed job not yet moved (0 if none due)."""
     outcomes: dict[str, int]
     """The scripts' own counters (``OUTCOMES``)."""
+    shards: int = 1
+    """Sub-queues read for it (a sharded queue: ``merge``)."""
 
 
 _PER_QUEUE = 2 * (MAX_PRIORITY + 1) + 10
@@ -211,7 +213,7 @@ def merge(name: str, parts: Sequence[Snapshot]) -> Snapshot:
         groups_waiting=sum(x.groups_waiting for x in ps),
         held_s=max(x.held_s for x in ps))
     outcomes = {o: sum(p.outcomes.get(o, 0) for p in parts) for o in OUTCOMES}
-    return Snapshot(name, st, max(p.delayed_lag_s for p in parts), outcomes)
+    return Snapshot(name, st, max(p.delayed_lag_s for p in parts), outcomes, len(parts))
 
 
 def shard_names(client: redis.Redis, namespace: str, names: Sequence[str],
