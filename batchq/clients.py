@@ -106,11 +106,16 @@ class Clients:
             if k:  # a shard: the registry names its queue, the shard registry its index
                 pipe = self.redis.pipeline(transaction=False)
                 pipe.sadd(queues_key(self.namespace), base)
-                pipe.zadd(shards_key(self.namespace), {base: k + 1}, gt=True)
+                pipe.zadd(shards_key(self.namespace), self._shard_count(base, k), gt=True)
                 pipe.execute()
             else:
                 self.redis.sadd(queues_key(self.namespace), queue)
             self._registered.add(queue)
+
+    def _shard_count(self, base: str, k: int) -> dict[str, int]:
+        """The shard registry's entry for a write to shard ``k``: the count this process
+        is configured with (every shard it may write to), at least ``k + 1``."""
+        return {base: max(k + 1, self.shards.count(base))}
 
     def close(self) -> None:
         """Close the synchronous client (asyncio clients close with ``aclose``)."""
@@ -160,7 +165,7 @@ class Clients:
             if k:
                 pipe = self.async_redis().pipeline(transaction=False)
                 pipe.sadd(queues_key(self.namespace), base)
-                pipe.zadd(shards_key(self.namespace), {base: k + 1}, gt=True)
+                pipe.zadd(shards_key(self.namespace), self._shard_count(base, k), gt=True)
                 await pipe.execute()
             else:
                 await self.async_redis().sadd(queues_key(self.namespace), queue)

@@ -127,9 +127,10 @@ def shard_name(base: str, k: int) -> str:
 
 
 def shards_key(namespace: str) -> str:
-    """Zset queue name -> how many shards have ever been written to (the highest shard
-    written + 1; only raised, ``ZADD GT``): how workers find shards beyond the count they
-    are configured with, so a lowered count still drains the old shards."""
+    """Zset queue name -> the highest shard count any process wrote with (set at a
+    process's first write to a shard, or a worker's start; only raised, ``ZADD GT``):
+    how workers find shards beyond the count they are configured with, so a lowered
+    count still drains the old shards."""
     return f"{namespace}:shards"
 
 

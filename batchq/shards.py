@@ -12,10 +12,12 @@ worker looks at:
   shard rotates per call), a single enqueue rotates too; a job with a group goes to
   ``stable(group)``, a job with a dedup key to ``stable(key)``, so a group's limits and a
   key's uniqueness stay exact (both in one shard);
-* the registry ``NS:shards`` (``keys.shards_key``: zset name -> highest shard written +
-  1, only raised) is written once per process and shard the first time it is used
-  (``Clients.register_queue``), so a worker serving "emails" finds every shard that
-  may hold jobs, also after the count was lowered: the old shards keep draining;
+* the registry ``NS:shards`` (``keys.shards_key``: zset name -> the highest shard count
+  any process wrote with, only raised) is written once per process and shard, at its
+  first write there (``Clients.register_queue``), and by a worker configured with
+  shards at its start, so a worker serving "emails" finds every shard that may hold
+  jobs, also after the count was lowered (the old shards keep draining) or raised by
+  another process (a running worker looks again every ``SHARDS_EVERY_S``);
 * workers, ``Queue`` operations, ``batchq info`` and metrics expand a queue into
   ``names(base, count)`` with ``count`` = max(configured, registered) and report it as
   one queue.
@@ -103,20 +105,25 @@ def _count(raw: Any) -> int:
         return 1
 
 
+def counts_of(bases: Sequence[str], reply: Any) -> dict[str, int]:
+    """A ``ZMSCORE`` reply of the shard registry as counts (1: none registered)."""
+    if not isinstance(reply, list):
+        return dict.fromkeys(bases, 1)
+    return {b: _count(r) if r is not None else 1 for b, r in zip(bases, reply, strict=True)}
+
+
 def known(client: Any, namespace: str, bases: Sequence[str]) -> dict[str, int]:
     """The registered shard count of each queue (1 when none): one ``ZMSCORE``."""
     if not bases:
         return {}
-    res = client.zmscore(shards_key(namespace), list(bases))
-    return {b: _count(r) if r is not None else 1 for b, r in zip(bases, res, strict=True)}
+    return counts_of(bases, client.zmscore(shards_key(namespace), list(bases)))
 
 
 async def aknown(client: Any, namespace: str, bases: Sequence[str]) -> dict[str, int]:
     """``known`` over an asyncio client."""
     if not bases:
         return {}
-    res = await client.zmscore(shards_key(namespace), list(bases))
-    return {b: _count(r) if r is not None else 1 for b, r in zip(bases, res, strict=True)}
+    return counts_of(bases, await client.zmscore(shards_key(namespace), list(bases)))
 
 
 def expand(bases: Iterable[str], configured: ShardTable, registered: dict[str, int]

@@ -53,7 +53,8 @@ if TYPE_CHECKING:
     from ..loadgen import Profile
 
 HARNESS_COMMANDS = ("enqueue", "drain", "allin", "latency", "memory", "idle", "scale",
-                    "campaign", "fanout", "groups", "ratecheck", "iocurve", "peers", "plot")
+                    "campaign", "fanout", "groups", "ratecheck", "iocurve", "shards", "peers",
+                    "plot")
 
 
 def _positive_int(raw: str) -> int:

@@ -191,8 +191,8 @@ class Worker:
         st = self.state
         ns = self.app.namespace
         try:
-            await self._find_shards()
-            bases = list(dict.fromkeys(shards.base_of(k.queue) for k in st.queues))
+            bases = list(dict.fromkeys(shards.base_of(n) for n in st.names))
+            plain = [n for n in st.names if not shards.split_shard(n)[1]]
             pipe = st.redis.pipeline(transaction=False)
             pipe.sadd(queues_key(ns), *bases)
             counts = {b: n for b in bases if (n := self.app.clients.shards.count(b)) > 1}
@@ -200,7 +200,14 @@ class Worker:
                 # a worker configured with shards=N announces them, so every other
                 # worker serves them too (only ever raised)
                 pipe.zadd(shards_key(ns), counts, gt=True)
-            await pipe.execute()
+            if plain:
+                pipe.zmscore(shards_key(ns), plain)
+            res = await pipe.execute(raise_on_error=False)
+            if plain:
+                self._serve_shards(shards.counts_of(plain, res[-1]))
+            for r in res:
+                if isinstance(r, redis.ResponseError):
+                    raise r
         except redis.ResponseError as exc:
             # e.g. a full Redis refusing the write: the registry is informational, and a
             # worker is what drains a full Redis, so start anyway
@@ -213,8 +220,11 @@ class Worker:
         """Serve every shard the registry knows of (a count lowered since, or raised by
         another process): the old shards keep draining."""
         st = self.state
-        bases = [n for n in st.names if not shards.split_shard(n)[1]]
-        known = await shards.aknown(st.redis, self.app.namespace, bases)
+        plain = [n for n in st.names if not shards.split_shard(n)[1]]
+        self._serve_shards(await shards.aknown(st.redis, self.app.namespace, plain))
+
+    def _serve_shards(self, known: dict[str, int]) -> None:
+        st = self.state
         subs = {n: shards.expand([n], self.app.clients.shards, known) for n in st.names}
         if st.set_shards(subs):
             self.fetcher.resize()

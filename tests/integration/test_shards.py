@@ -226,3 +226,30 @@ def test_shard_names_cannot_be_queue_names(app):
     q: Callable[..., object] = app.task(queue="x:s1")
     with pytest.raises(ValueError):
         q(lambda: None)
+
+
+def test_results_and_metrics_see_one_queue(redis_url, namespace, redis_client):
+    from prometheus_client import CollectorRegistry
+
+    from batchq.metrics import QueueCollector
+
+    app = batchq.App(redis_url, namespace=namespace)
+    try:
+        @app.task(queue="res", shards=3, result_ttl_s=60)
+        def double(n: int) -> int:
+            return 2 * n
+
+        ids = [double.enqueue(i) for i in range(6)]
+        assert len({app.clients.keys(q.name).prefix for q in app.queue("res").shards()}) == 3
+        assert drain(app, "res") == 0
+        assert [app.result(j, timeout_s=5) for j in ids] == [0, 2, 4, 6, 8, 10]
+        reg = CollectorRegistry()
+        reg.register(QueueCollector(app))
+        labels = {s.labels.get("queue") for m in reg.collect() for s in m.samples
+                  if "queue" in s.labels}
+        assert labels == {"res"}
+        assert reg.get_sample_value("batchq_queue_outcomes_total",
+                                    {"queue": "res", "outcome": "succeeded"}) == 6
+    finally:
+        app.close()
+        drop_namespace(redis_client, namespace)
