@@ -139,6 +139,9 @@ def add_scenario_args(p: argparse.ArgumentParser, scenario: str) -> None:
     if scenario == "shards":
         p.add_argument("--shards", default="1,8",
                        help="shard counts of the hot queue, one row each (default 1,8)")
+        p.add_argument("--masters", type=int, default=3,
+                       help="nodes of the embedded cluster (default 3; 1: the cost of "
+                       "sharding itself, every shard on the one node)")
     if scenario == "memory":
         p.add_argument("--payload-bytes", type=int, default=100,
                        help="size of each job's bytes argument (default 100)")
