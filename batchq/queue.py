@@ -169,6 +169,28 @@ class Queue:
         merged = sorted((score, _id_text(i)) for res in pipe.execute() for i, score in res)
         return [i for _, i in merged[:limit]]
 
+    def dead_count(self) -> int:
+        """How many jobs the dead-letter store holds (every shard)."""
+        pipe = self.clients.redis.pipeline(transaction=False)
+        for q in self.shards():
+            pipe.zcard(q.keys.dead)
+        return sum(int(n) for n in pipe.execute())
+
+    def dead_range(self, start: int, stop: int, *, newest_first: bool = True) -> list[str]:
+        """Dead job ids of ranks ``start .. stop`` (inclusive), newest (or oldest) first,
+        over every shard: each shard's first ``stop + 1`` are merged by time."""
+        if stop < start:
+            return []
+        pipe = self.clients.redis.pipeline(transaction=False)
+        for q in self.shards():
+            if newest_first:
+                pipe.zrevrange(q.keys.dead, 0, stop, withscores=True)
+            else:
+                pipe.zrange(q.keys.dead, 0, stop, withscores=True)
+        merged = sorted(((score, _id_text(i)) for res in pipe.execute() for i, score in res),
+                        reverse=newest_first)
+        return [i for _, i in merged[start : stop + 1]]
+
     def _dead_ids(self, limit: int | None) -> list[str]:
         end = -1 if limit is None else limit - 1
         ids = self.clients.redis.zrange(self.keys.dead, 0, end)
