@@ -13,7 +13,11 @@ Layout of one queue ``Q`` in namespace ``NS`` (``T`` = ``NS:{NS:Q}``)::
     T:inflight               hash  id -> encoded job as reserved (attempt already counted)
     T:dead                   zset  id -> time it was dead-lettered (ms)
     T:dead:jobs              hash  id -> msgpack dead record (reason, error, raw job bytes)
-    T:wake                   list  at most one token; idle workers BLPOP it
+    T:wake                   list  at most one token, and jobs handed off (leased by
+                                   enqueue.lua); idle workers BLPOP it
+    T:idle                   zset  "<lease ms>|<worker>" -> when the registration
+                                   lapses (ms): workers blocked with nothing to do,
+                                   each takes one job handed off by enqueue.lua
     T:paused                 string present while the queue is paused
     T:stats                  hash  counters kept by the scripts (enqueued, succeeded,
                                    retried, dead; malformed numbers bad entries)
@@ -177,6 +181,8 @@ class QueueKeys:
     gwait: str = field(init=False)
     gstate: str = field(init=False)
     limits: str = field(init=False)
+    idle: str = field(init=False)
+    """Hand-off: workers blocked on ``wake`` with nothing to do (``enqueue.lua``)."""
     """Flow control (``batchq/limits.py``): the limits live here, so ``Queue.clear``
     (which deletes ``all()``) keeps them, like the periodic schedules."""
     periodic: str = field(init=False)
@@ -212,7 +218,7 @@ class QueueKeys:
                      "recovered", "started", "periodic", "pending", "cancel", "cancelled",
                      "done", "seq", "waiting0", "waiting1", "waiting2", "waiting3",
                      "waiters", "campaigns", "jobmeta", "dedup", "gready", "groups",
-                     "gwait", "gstate", "limits"):
+                     "gwait", "gstate", "limits", "idle"):
             object.__setattr__(self, name, f"{p}:{name}")
         object.__setattr__(self, "dead_jobs", f"{p}:dead:jobs")
         object.__setattr__(self, "dedup_exp", f"{p}:dedup:exp")
@@ -250,6 +256,7 @@ class QueueKeys:
             self.groups,
             self.gwait,
             self.gstate,
+            self.idle,
         )
 
     def result(self, job_id: str) -> str:

@@ -333,6 +333,9 @@ class QueueCollector:
             "batchq_queue_outcomes", "Outcomes Redis applied, counted by the scripts "
             "themselves: exact even when workers are killed (their own counters lose what "
             "they had not published yet)", labels=["queue", "outcome"])
+        handed = CounterMetricFamily(
+            "batchq_jobs_handed_off", "Jobs an enqueue leased straight to a worker blocked "
+            "idle on the queue (the wake-up carried the job)", labels=["queue"])
         up = GaugeMetricFamily("batchq_redis_up", "1 if the scrape could read Redis")
         c = self.app.clients
         try:
@@ -359,9 +362,10 @@ class QueueCollector:
             paused.add_metric([name], 1 if st.paused else 0)
             malformed.add_metric([name], len(st.malformed_heads))
             enq.add_metric([name], snap.outcomes["enqueued"])
+            handed.add_metric([name], snap.outcomes["handed"])
             for outcome in ("succeeded", "dead", "retried"):
                 done.add_metric([name, outcome], snap.outcomes[outcome])
-        yield from (jobs, age, lag, paused, malformed, enq, done, bad_names, up)
+        yield from (jobs, age, lag, paused, malformed, enq, handed, done, bad_names, up)
         yield from flow_metrics.queue_families(snaps)
         try:  # limits and the groups that wait; never at the cost of the above
             fams = flow_metrics.limit_families(c.redis, [c.keys(s.name) for s in snaps])

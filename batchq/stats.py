@@ -20,8 +20,9 @@ import redis
 from . import codec, shards
 from .keys import MAX_PRIORITY, QueueKeys, queues_key
 
-OUTCOMES = ("enqueued", "succeeded", "dead", "retried")
-"""The counters the scripts keep in a queue's ``stats`` hash, in the order read."""
+OUTCOMES = ("enqueued", "succeeded", "dead", "retried", "handed")
+"""The counters the scripts keep in a queue's ``stats`` hash, in the order read
+(``handed``: jobs an enqueue leased straight to an idle worker, ``enqueue.lua``)."""
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,13 @@ start-up, imports, connecting, the drain, the burst end and the shutdown all cou
 Beside it, the first-entry-to-last-exit figure of the same run (the handlers' own
 clocks, as in ``drain``), and the worker process's own CPU time per job (``wait4``
 rusage): on a shared machine the wall-clock figures move with the neighbours' load, the
-CPU time much less. Cases: the async no-op with metrics on (the default) and with
-``--no-metrics``, the batch no-op (``batch_size=100``) with default flags, and an empty
-``--burst`` run (nothing enqueued) from start to exit.
+CPU time much less, and the server's time in the worker's scripts per job (pop, ack and
+the rest: ``INFO commandstats`` evalsha usec over the run, reset after the fill; a
+command a script calls is counted inside the script's time), with the ceiling it sets
+on one queue (1 s ÷ that, since Redis runs scripts on one core). Cases: the async no-op
+with metrics on (the default) and with ``--no-metrics``, the batch no-op
+(``batch_size=100``) with default flags, and an empty ``--burst`` run (nothing
+enqueued) from start to exit.
 
 ``--before DIR`` runs every case a second time from another checkout (e.g. ``git
 archive <commit> | tar -x -C DIR``), alternating with this one in every repeat, so a
@@ -67,6 +71,7 @@ def run_once(ctx: Context, tree: Path, task: str, jobs: int, extra: tuple[str, .
     if n:
         fill(ctx, task, n)
     env = worker_env(ctx, tree)
+    ctx.client.config_resetstat()
     fd, name = tempfile.mkstemp(prefix="bench-allin-", suffix=".log")
     os.close(fd)
     log_path = Path(name)
@@ -92,11 +97,15 @@ def run_once(ctx: Context, tree: Path, task: str, jobs: int, extra: tuple[str, .
     if got != n or st.pending or st.dead:
         raise RuntimeError(f"handlers reported {got} of {n} jobs; queue {st}\n{tail}")
     cpu = usage.ru_utime + usage.ru_stime
+    stats = ctx.client.info("commandstats")
+    script_us = sum(int(v["usec"]) for name, v in stats.items()
+                    if name.removeprefix("cmdstat_") in ("evalsha", "eval"))
     out: dict[str, Any] = {"tree": str(tree), "task": task, "jobs": n, "flags": list(extra),
                            "wall_s": wall, "worker_cpu_s": cpu}
     if n:
         out["all_in_jobs_per_s"] = n / wall
         out["worker_cpu_us_per_job"] = cpu / n * 1e6
+        out["redis_script_us_per_job"] = script_us / n
         out["drain_s"] = max(last - first, 1e-6)
         out["jobs_per_s"] = n / out["drain_s"]
     return out
@@ -127,6 +136,9 @@ def run_allin(ctx: Context, rec: dict[str, Any], *, jobs: int, repeat: int,
                     row.add("all-in jobs/s", r["all_in_jobs_per_s"], "jobs/s")
                     row.add("first-entry-to-last-exit jobs/s", r["jobs_per_s"], "jobs/s")
                     row.add("worker CPU µs/job", r["worker_cpu_us_per_job"], "µs")
+                    row.add("Redis script µs/job", r["redis_script_us_per_job"], "µs")
+                    row.add("ceiling of one queue (1 s ÷ Redis µs/job)",
+                            1e6 / max(r["redis_script_us_per_job"], 1e-9), "jobs/s")
                 else:
                     row.add("worker CPU s", r["worker_cpu_s"], "s")
                 rec["runs"].append({"case": row.name, "repeat": i, **r})

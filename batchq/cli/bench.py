@@ -35,6 +35,7 @@ import argparse
 import asyncio
 import importlib
 import json
+import subprocess
 import sys
 import time
 from collections.abc import Iterable
@@ -51,6 +52,9 @@ if TYPE_CHECKING:
     from ..load.driver import Driver
     from ..load.profiles import AbortRule
     from ..loadgen import Profile
+
+PRODUCER_GRACE_S = 60.0
+"""How long after its schedule ends a producer process may take to merge and exit."""
 
 HARNESS_COMMANDS = ("enqueue", "drain", "allin", "latency", "memory", "idle", "scale",
                     "campaign", "fanout", "groups", "ratecheck", "iocurve", "shards", "peers",
@@ -315,6 +319,7 @@ async def _load(args: argparse.Namespace, app: Any, task: Any, profile: Profile 
         raise _Usage(str(exc)) from None
     d = Driver(task, keys, run_id, app.async_redis(), app.async_scripts(), rules, say)
     children: list[Any] = []
+    wedged = False
     try:
         await d.redis.ping()
         if args.join is None:
@@ -329,7 +334,18 @@ async def _load(args: argparse.Namespace, app: Any, task: Any, profile: Profile 
             # does nothing but send, so reading and judging the run costs them no lateness
             children = spawn_children(args.app, task.name, run_id, args.producers,
                                       app.redis_url)
-            await d.watch(lambda: all(c.poll() is not None for c in children))
+            # the producers end with their schedule; one that does not (wedged, or
+            # stopped by hand) is not waited for forever
+            planned_s = profile.duration_s if profile is not None else 0.0
+            deadline = time.monotonic() + CHILD_LEAD_S + planned_s + PRODUCER_GRACE_S
+            await d.watch(lambda: all(c.poll() is not None for c in children)
+                          or time.monotonic() > deadline)
+            late = [c for c in children if c.poll() is None]
+            if late:
+                say(f"{len(late)} producer process(es) still running "
+                    f"{PRODUCER_GRACE_S:.0f} s after the schedule ended: stopping them")
+                _stop_children(late, grace_s=0)
+                wedged = True
         else:
             try:
                 meta = await d.join()
@@ -369,12 +385,24 @@ async def _load(args: argparse.Namespace, app: Any, task: Any, profile: Profile 
         aborted = run.meta.get("status") == "aborted"
         if aborted:
             print(f"aborted: {run.meta.get('reason', '')}", file=sys.stderr)
-        return 1 if aborted or run.num("send_errors") else 0
+        return 1 if aborted or wedged or run.num("send_errors") else 0
     finally:
-        for c in children:
-            if c.poll() is None:
-                c.wait()
+        _stop_children(children)
         await app.aclose()
+
+
+def _stop_children(children: list[Any], grace_s: float = 10.0) -> None:
+    """Wait for the producer processes a little, then end them (never forever)."""
+    for c in children:
+        try:
+            c.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            c.terminate()
+            try:
+                c.wait(timeout=max(1.0, min(5.0, grace_s)))
+            except subprocess.TimeoutExpired:
+                c.kill()
+                c.wait()
 
 
 async def _produce_and_watch(d: Driver, profile: Profile, job_args: list[Any],

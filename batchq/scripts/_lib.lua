@@ -243,36 +243,38 @@ local function wait_pos(top, s)
   return g % 4, s - g * WAIT_GEN
 end
 
--- Set the bits of `count` consecutive offsets from `off` in one bitmap: at most three
--- commands (the partial first byte, the whole middle bytes, the partial last byte).
-local function set_bits(key, off, count)
+-- Set (bit 1) or clear (bit 0) the bits of `count` consecutive offsets from `off` in
+-- one bitmap: at most three commands (the partial first byte, the whole middle bytes,
+-- the partial last byte).
+local function set_bits(key, off, count, bit)
   local head = (8 - off % 8) % 8
   if head > count then head = count end
   if head > 0 then
-    redis.call('BITFIELD', key, 'SET', 'u' .. head, off, 2 ^ head - 1)
+    redis.call('BITFIELD', key, 'SET', 'u' .. head, off, bit * (2 ^ head - 1))
     off = off + head
     count = count - head
   end
   local whole = math.floor(count / 8)
   if whole > 0 then
-    redis.call('SETRANGE', key, off / 8, string.rep('\255', whole))
+    redis.call('SETRANGE', key, off / 8, string.rep(bit == 1 and '\255' or '\0', whole))
     off = off + whole * 8
     count = count - whole * 8
   end
   if count > 0 then
-    redis.call('BITFIELD', key, 'SET', 'u' .. count, off, 2 ^ count - 1)
+    redis.call('BITFIELD', key, 'SET', 'u' .. count, off, bit * (2 ^ count - 1))
   end
 end
 
--- Set the waiting bits of `left` consecutive sequence numbers from `s` in the bitmaps
--- KEYS[wait0 + slot] (one to three commands per bitmap); top: the next free number.
-local function set_run(top, wait0, s, left)
+-- Set (bit 1) or clear (bit 0) the waiting bits of `left` consecutive sequence numbers
+-- from `s` in the bitmaps KEYS[wait0 + slot] (one to three commands per bitmap); top:
+-- the next free number.
+local function set_run(top, wait0, s, left, bit)
   if s < 0 then return end
   if s + left > top then left = top - s end  -- never handed out: no bit
   while left > 0 do
     local slot, off = wait_pos(top, s)
     local m = math.min(left, WAIT_GEN - s % WAIT_GEN)
-    if slot then set_bits(KEYS[wait0 + slot], off, m) end
+    if slot then set_bits(KEYS[wait0 + slot], off, m, bit) end
     s = s + m
     left = left - m
   end
@@ -281,22 +283,20 @@ end
 -- The waiting bits of runs given as text ("first:count,first:count", "" for none).
 local function mark_waiting(top, runs, wait0)
   for first, count in string.gmatch(runs, '(%d+):(%d+)') do
-    set_run(top, wait0, tonumber(first), tonumber(count))
+    set_run(top, wait0, tonumber(first), tonumber(count), 1)
   end
 end
 
--- The waiting bits of the sequence numbers in `seqs` (a list; runs of consecutive
--- numbers, as a chunk's ids have, cost one to three commands each, instead of one
--- SETBIT per job).
-local function set_waiting(seqkey, wait0, seqs)
+-- Set (bit 1) or clear (bit 0) the waiting bits of the sequence numbers in `seqs` (a
+-- list; runs of consecutive numbers, as a chunk's ids have and a FIFO pop takes, cost
+-- one to three commands each, instead of one SETBIT per job); top: the next free number.
+local function set_waiting(top, wait0, seqs, bit)
   local n = #seqs
-  if n == 0 then return end
-  local top = seq_top(seqkey)
   local i = 1
   while i <= n do
     local j = i
     while j < n and seqs[j + 1] == seqs[j] + 1 do j = j + 1 end
-    set_run(top, wait0, seqs[i], j - i + 1)
+    set_run(top, wait0, seqs[i], j - i + 1, bit)
     i = j + 1
   end
 end

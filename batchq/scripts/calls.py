@@ -24,11 +24,12 @@ _TRACKED = ("campaigns", "jobmeta", "dedup", "dedup_exp")
 _GROUPS = ("gready", "groups", "gwait", "gstate")  # flow control (batchq/limits.py)
 
 KEY_ORDER: dict[str, tuple[str, ...]] = {
-    "enqueue": ("ready", "wake", "inflight", "stats", "pending", *_WAIT),
+    "enqueue": ("ready", "wake", "inflight", "stats", "pending", *_WAIT, "reserved",
+                "paused", "idle", "limits", "gwait"),
     "schedule": ("delayed", "wake", "inflight", "ready", "stats", "pending"),
     "pop": ("delayed", "reserved", "inflight", "dead", "dead_jobs", "wake", "paused",
             *_READY_ALL, "stats", "recovered", "started", *_TRACKED, "pending", "cancel",
-            "done", *_WAIT, *_GROUPS, "limits"),
+            "done", *_WAIT, *_GROUPS, "limits", "idle"),
     "ack": ("reserved", "inflight", "stats", "recovered", "started", *_TRACKED, "gwait",
             "gstate", "wake"),
     "ack_result": ("reserved", "inflight", "stats", "recovered", "started", "done",
@@ -158,9 +159,20 @@ def campaign_finish(k: CampaignKeys, total: int, succeeded: int, dead: int,
                 [total, succeeded, dead, cancelled])
 
 
-def pop(k: QueueKeys, want: int, lease_ms: int, chunk: int) -> Call:
-    """Promote, reap, then pop up to ``want`` jobs leased for ``lease_ms``."""
-    return Call("pop", _keys("pop", k), [want, lease_ms, chunk])
+def pop(k: QueueKeys, want: int, lease_ms: int, chunk: int, idle: str = "",
+        idle_ms: int = 0) -> Call:
+    """Promote, reap, then pop up to ``want`` jobs leased for ``lease_ms``. ``idle``
+    (a worker's name): when nothing comes back, register it for hand-off for
+    ``idle_ms`` (``enqueue.lua``); when jobs do, drop its registration."""
+    return Call("pop", _keys("pop", k), [want, lease_ms, chunk,
+                                         idle_member(lease_ms, idle) if idle else "",
+                                         idle_ms])
+
+
+def idle_member(lease_ms: int, worker: str) -> str:
+    """A worker's hand-off registration in ``QueueKeys.idle``: the lease a job handed to
+    it gets, and its name."""
+    return f"{lease_ms}|{worker}"
 
 
 def ack(k: QueueKeys, leases: Sequence[bytes | str]) -> Call:

@@ -1,12 +1,16 @@
--- enqueue.lua: append encoded jobs to one ready list and wake an idle worker.
+-- enqueue.lua: append encoded jobs to one ready list and wake an idle worker, or hand
+-- the first jobs straight to idle workers.
 --
 -- KEYS[1]  ready list of the jobs' priority
 -- KEYS[2]  wake list of the queue
 -- KEYS[3]  inflight hash
--- KEYS[4]  stats hash (field "enqueued" counts every job written)
+-- KEYS[4]  stats hash (field "enqueued" counts every job written, "handed" the jobs
+--          handed off)
 -- KEYS[5]  pending hash (not written here: see keys.py)
 -- KEYS[6]  seq counter; KEYS[7..10] waiting bitmaps, slots 0..3: the bits of the jobs'
 --          sequence numbers are set (job_status, cancel.lua), a few commands per run
+-- KEYS[11] reserved zset, KEYS[12] paused flag, KEYS[13] idle zset, KEYS[14] limits
+--          hash, KEYS[15] gwait zset: the hand-off (below)
 -- ARGV[1]  "1" when this call retries one whose reply was lost: if its first job is
 --          already queued or running, the earlier call landed (a script is all or
 --          nothing) and nothing is written again
@@ -14,6 +18,19 @@
 -- ARGV[3..] encoded jobs (1..1000 per call; the caller chunks)
 -- Returns  the length of the ready list after the push, or -1 when the retry found the
 --          jobs already written.
+--
+-- Hand-off. A worker whose pop found nothing registers in the idle zset (pop.lua:
+-- member "<lease ms>|<worker>", scored by when the registration lapses) and blocks on
+-- the wake list. While registrations are live (and the queue is neither paused, held,
+-- nor under a queue-wide limit), each of the call's first jobs takes one: it is leased
+-- here exactly as pop.lua leases (attempt counted, inflight + reserved, for the
+-- registered lease), and the leased entry itself is pushed on the wake list, so the
+-- BLPOP that wakes a worker hands it the job in the same round trip. Nothing new can
+-- be lost: the job is reserved from this moment, so a worker that dies holding it, or
+-- an entry nobody takes, is reaped when the lease expires (pop.lua then also removes
+-- the entry from the wake list, so it never runs twice). Any pop of the queue claims
+-- handed entries still on the wake list before popping ready jobs. A retried call
+-- (ARGV[1] = "1") hands nothing off.
 local ready = KEYS[1]
 local wake = KEYS[2]
 local inflight = KEYS[3]
@@ -21,6 +38,11 @@ local stats = KEYS[4]
 local pending = KEYS[5]
 local seq = KEYS[6]
 local WAIT0 = 7  -- KEYS[WAIT0 + s] is the bitmap of slot s (0..3)
+local reserved = KEYS[11]
+local paused = KEYS[12]
+local idle = KEYS[13]
+local limits = KEYS[14]
+local gwait = KEYS[15]
 
 if ARGV[1] == '1' then
   local _, _, _, id = parse(ARGV[3])
@@ -29,9 +51,45 @@ if ARGV[1] == '1' then
     return -1
   end
 end
-local n = redis.call('RPUSH', ready, unpack(ARGV, 3))
-redis.call('HINCRBY', stats, 'enqueued', #ARGV - 2)
 -- results/status/cancel: the jobs' bits, per run (not per job)
-mark_waiting(seq_top(seq), ARGV[2], WAIT0)
+local top = seq_top(seq)
+mark_waiting(top, ARGV[2], WAIT0)
+local first = 3
+if ARGV[1] ~= '1' and redis.call('ZCARD', idle) > 0 then
+  local now = now_ms()
+  redis.call('ZREMRANGEBYSCORE', idle, '-inf', now)
+  local n = math.min(#ARGV - 2, redis.call('ZCARD', idle))
+  if n > 0 and redis.call('EXISTS', paused) == 0
+      and redis.call('HEXISTS', limits, QUEUE) == 0
+      and tonumber(redis.call('ZSCORE', gwait, QUEUE) or '0') <= now then
+    local regs = redis.call('ZPOPMIN', idle, n)
+    local hargs, zargs = {}, {}
+    for i = 1, #regs, 2 do
+      local e = ARGV[first]
+      local p, a, mx, id, hl = parse(e)
+      if not p then break end  -- malformed: it waits in the ready list, pop buries it
+      local lease = tonumber(string.match(regs[i], '^(%d+)|')) or 30000
+      local r = with_attempt(e, p, a + 1, mx, id, hl)
+      hargs[#hargs + 1] = id
+      hargs[#hargs + 1] = r
+      zargs[#zargs + 1] = now + lease
+      zargs[#zargs + 1] = id .. ':' .. (a + 1)
+      local slot, off = wait_pos(top, seq_of(id))
+      if slot then redis.call('SETBIT', KEYS[WAIT0 + slot], off, 0) end
+      first = first + 1
+    end
+    if #hargs > 0 then
+      redis.call('HSET', inflight, unpack(hargs))
+      redis.call('ZADD', reserved, unpack(zargs))
+      for i = 2, #hargs, 2 do redis.call('RPUSH', wake, hargs[i]) end
+      redis.call('HINCRBY', stats, 'handed', #hargs / 2)
+    end
+  end
+end
+redis.call('HINCRBY', stats, 'enqueued', #ARGV - 2)
+if first > #ARGV then
+  return redis.call('LLEN', ready)
+end
+local n = redis.call('RPUSH', ready, unpack(ARGV, first))
 leave_wake_token(wake)
 return n

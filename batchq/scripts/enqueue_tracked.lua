@@ -158,7 +158,7 @@ if ready_mode then
     redis.call('RPUSH', ready, unpack(entries))
   end
   -- the waiting bits (job_status / cancel): per run of consecutive numbers, not per job
-  set_waiting(seq, WAIT0, seqs)
+  if #seqs > 0 then set_waiting(seq_top(seq), WAIT0, seqs, 1) end
 else
   local due = tonumber(ARGV[3])
   if mode == 'rel' then due = now + due end

@@ -26,16 +26,24 @@
 -- KEYS[27] done: prefix of the per-job channels; a job dead-lettered here is announced
 --          on "<done>:<id>" with "d"
 -- KEYS[28] seq counter; KEYS[29..32] waiting bitmaps, slots 0..3 (enqueue.lua): a popped
---          job's bit is cleared (one SETBIT per job; ids without a sequence number: none)
+--          job's bit is cleared (per run of consecutive sequence numbers, as a FIFO pop
+--          takes them: one to three commands a run; ids without a sequence number: none)
 -- KEYS[33] gready zset, KEYS[34] groups zset, KEYS[35] gwait zset, KEYS[36] gstate
 --          hash, KEYS[37] limits hash: flow control (_lib.lua "Groups"). Grouped jobs
 --          are promoted, reaped and popped through their group; groups are served in
 --          turn (lowest virtual time first, weighted), each within its rate and
 --          concurrency limits; a group out of tokens or slots waits in gwait and is not
 --          looked at again until its next token (or a freed slot) is due
+-- KEYS[38] idle zset: the hand-off registrations (enqueue.lua)
 -- ARGV[1]  how many jobs to pop (0 = maintenance only)
 -- ARGV[2]  lease in ms
 -- ARGV[3]  chunk: at most this many delayed and expired jobs are moved per call
+-- ARGV[4]  "<lease ms>|<worker>" or "": when this pop returns no job, the worker is
+--          registered in idle until now + ARGV[5] ms (it is about to block on the wake
+--          list: enqueue.lua may hand it a leased job); when it returns jobs, its
+--          registration goes. Before popping, jobs handed off but still on the wake
+--          list (their worker went away, or another took the wake-up) are claimed
+--          as they are: they are leased already
 --
 -- Crash marks. An expired lease means its worker died or stalled; the script cannot
 -- know which of that worker's jobs was running. So the job goes back with its attempt
@@ -79,6 +87,7 @@ local groups = KEYS[34]
 local gwait = KEYS[35]
 local gstate = KEYS[36]
 local limits = KEYS[37]
+local idle = KEYS[38]
 
 local QUANTUM = 10  -- jobs a group (of weight 1) may start in one turn
 local ISOLATE_AFTER = 2  -- recoveries after which a job runs alone, its start recorded
@@ -142,6 +151,7 @@ for x = #expired, 1, -1 do
   local id = member_id(m)
   local e = id and redis.call('HGET', inflight, id)
   local ok = true
+  local leased = e
   if e then
     local p, a, mx, _, hl = parse(e)
     local rec = redis.call('HGET', recovered, id)
@@ -190,6 +200,9 @@ for x = #expired, 1, -1 do
       end
     end
     if ok then
+      -- a job handed off (enqueue.lua) that nobody took is on the wake list still: it
+      -- goes, or a late BLPOP would run it beside its reaped copy
+      redis.call('LREM', wake, 1, leased)
       redis.call('HDEL', started, id)
       redis.call('HDEL', inflight, id)
       if g_back[#g_back] ~= id then g_dead[#g_dead + 1] = id end
@@ -232,6 +245,22 @@ local header_n = #out
 local flow = -1  -- the earliest time a throttled queue or group may start jobs again
 local function soon(t)
   if flow < 0 or t < flow then flow = t end
+end
+local want0 = want
+local claimed = false
+if want > 0 then
+  -- jobs handed off (leased by enqueue.lua) that no blocked worker has taken: this
+  -- pop takes them as they are; wake tokens popped with them are spent by this pop
+  local w = redis.call('LPOP', wake, want)
+  if w then
+    for _, v in ipairs(w) do
+      if v ~= '1' then
+        out[#out + 1] = v
+        want = want - 1
+        claimed = true
+      end
+    end
+  end
 end
 if want > 0 and redis.call('EXISTS', paused) == 0 then
   local deadline = now + lease
@@ -431,11 +460,12 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
     if redis.call('HLEN', pending) > 0 then
       redis.call('HDEL', pending, unpack(ids))
     end
-    local top = seq_top(seq)
+    local seqs = {}
     for _, id in ipairs(ids) do
-      local slot, off = wait_pos(top, seq_of(id))
-      if slot then redis.call('SETBIT', KEYS[WAIT0 + slot], off, 0) end
+      local q = seq_of(id)
+      if q then seqs[#seqs + 1] = q end
     end
+    if #seqs > 0 then set_waiting(seq_top(seq), WAIT0, seqs, 0) end
   end
   if dropped > 0 then
     redis.call('HINCRBY', stats, 'cancelled', dropped)
@@ -458,6 +488,19 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   if want <= 0 and asked > 0 then
     -- a full batch: more may be waiting, let the next idle worker look
     leave_wake_token(wake)
+  end
+end
+
+if claimed then
+  -- the workers blocked for those jobs may be needed for what else is ready
+  leave_wake_token(wake)
+end
+local me = ARGV[4] or ''
+if me ~= '' then
+  if #out > header_n then
+    redis.call('ZREM', idle, me)
+  elseif want0 > 0 then
+    redis.call('ZADD', idle, now + tonumber(ARGV[5]), me)
   end
 end
 

@@ -16,6 +16,14 @@ own connection) until an enqueue wakes it, the next delayed job is due, a lease
 expires, ``max_block_s`` passes, or a stop. A token that arrives while the worker is
 busy is passed on to another idle worker.
 
+Hand-off: a pop that finds nothing also registers the worker as idle on that queue
+(``pop.lua``), and an enqueue that finds registrations leases its first jobs to them and
+pushes the leased entries themselves on the wake list (``enqueue.lua``). The BLPOP that
+wakes the worker then carries its job: no pop round trip between enqueue and start. A
+handed job is accepted even if the worker got busy meanwhile; a stopping worker puts it
+back at the head of the wake list (any pop of the queue claims it; its lease covers it
+if nobody does).
+
 In burst mode the loop ends once nothing is in flight and every served queue is empty
 (exit 0), or when the only jobs left sit in paused queues (``EXIT_STALLED``: waiting
 would never end).
@@ -60,6 +68,8 @@ class Fetcher:
     def __init__(self, state: State, outcomes: Outcomes) -> None:
         self.st = state
         self.out = outcomes
+        s = state.settings
+        self._by_wake: dict[str, QueueKeys] = {}
         self.resize()
         self._tried: set[int] = set()
         """Queues asked for jobs (and found empty) since the last pop that got some: the
@@ -78,6 +88,13 @@ class Fetcher:
         self._limit = 0
         """``limit()`` and what it was computed from (``run_s``, ``_rtt_s``)."""
         self._idle = False
+        self._me = state.worker_id
+        """This worker's name in the queues' hand-off registrations (``pop.lua``)."""
+        self._idle_ms = int((s.max_block_s + 1) * 1000)
+        """A registration lapses this long after the empty pop that made it: a little
+        after the blocking wait that follows it ends."""
+        self._registered = True
+        """False from a fetch pause until the next pop (which registers again)."""
         self._blpop: asyncio.Task[Any] | None = None
         self._wake_tasks: dict[str, asyncio.Task[None]] = {}
         """Cluster mode: one blocking wait per wake list, kept across idle waits."""
@@ -88,6 +105,7 @@ class Fetcher:
         self.selector = Selector(len(st.names), s.order, s.weights, s.fetch_batch,
                                  st.shards)
         self._index = {k.queue: i for i, k in enumerate(st.queues)}
+        self._by_wake = {k.wake: k for k in st.queues}
         self._tried = set()
 
     def limit(self) -> int:
@@ -127,6 +145,10 @@ class Fetcher:
         pause = 0.0
         while not st.stopping:
             if st.fetch_paused:
+                if self._registered:
+                    # a paused worker takes nothing: no job may be handed to it
+                    await self.withdraw()
+                    log.info("fetching paused")
                 st.room.clear()
                 await st.room.wait()
                 continue
@@ -211,8 +233,7 @@ class Fetcher:
             plan = self.selector.plan(free, among)
             pipe = st.redis.pipeline(transaction=False)
             for i, want in plan:
-                await st.scripts.call(calls.pop(qs[i], want, lease_ms, PROMOTE_CHUNK),
-                                      client=pipe)
+                await st.scripts.call(self._pop_call(qs[i], want, lease_ms), client=pipe)
             results = await arun_pipeline(pipe, st.redis)
             asked = [(qs[i], want, r) for (i, want), r in zip(plan, results, strict=True)]
         failed = [r for _, _, r in asked if isinstance(r, Exception)]
@@ -248,11 +269,15 @@ class Fetcher:
         """One pop.lua call; a failure is returned, not raised (strict order goes on to
         the next queue, as a pipeline does)."""
         if len(self.st.queues) == 1:
-            return await self.st.scripts.call(calls.pop(k, want, lease_ms, PROMOTE_CHUNK))
+            return await self.st.scripts.call(self._pop_call(k, want, lease_ms))
         try:
-            return await self.st.scripts.call(calls.pop(k, want, lease_ms, PROMOTE_CHUNK))
+            return await self.st.scripts.call(self._pop_call(k, want, lease_ms))
         except REDIS_ERRORS as exc:
             return exc
+
+    def _pop_call(self, k: QueueKeys, want: int, lease_ms: int) -> calls.Call:
+        self._registered = True
+        return calls.pop(k, want, lease_ms, PROMOTE_CHUNK, self._me, self._idle_ms)
 
     def _take(self, k: QueueKeys, res: list[Any], wait_ms: float) -> tuple[int, float]:
         """Account for one pop reply and accept its jobs: (jobs got, idle wait in ms)."""
@@ -403,11 +428,29 @@ class Fetcher:
             log.warning("blocking wait failed (%s)", exc)
             await asyncio.sleep(0.5)
             return
-        if res is not None and (not self._idle or st.fetch_paused or st.stopping):
+        if res is None:
+            return
+        key, value = res
+        if value != b"1" and isinstance(value, bytes):
+            # a job handed off by enqueue.lua, leased already: run it, even if busy now
+            # (it was meant for an idle worker); a paused or stopping worker gives it
+            # back to the head of its ready list (release.lua, attempt refunded)
+            k = self._by_wake[key.decode() if isinstance(key, bytes) else key]
+            if st.fetch_paused or st.stopping:
+                _, attempt, _, jid, _ = value.split(b":", 4)
+                try:
+                    await st.scripts.call(calls.release(k, [jid + b":" + attempt]))
+                except REDIS_ERRORS as exc:
+                    log.warning("giving back a handed-off job failed (%s); its lease "
+                                "will expire", exc)
+                return
+            self.accept(k.queue, [value])
+            return
+        if not self._idle or st.fetch_paused or st.stopping:
             # the token arrived while this worker was busy, paused or stopping: pass it on
             # to an idle one
             with contextlib.suppress(*REDIS_ERRORS):
-                await st.redis.rpush(res[0], "1")
+                await st.redis.rpush(key, "1")
 
     async def _blpop_each(self, keys: list[str]) -> None:
         """Cluster mode: a BLPOP over keys of different slots is a CROSSSLOT error, so
@@ -426,8 +469,24 @@ class Fetcher:
                 t.cancel()
             raise
 
+    async def withdraw(self) -> None:
+        """Remove this worker's hand-off registrations (a pause, a stop)."""
+        self._registered = False
+        st = self.st
+        lease_ms = int(st.settings.lease_s * 1000)
+        try:
+            pipe = st.redis.pipeline(transaction=False)
+            for k in st.queues:
+                pipe.zrem(k.idle, calls.idle_member(lease_ms, self._me))
+            await asyncio.wait_for(pipe.execute(), 2.0)
+        except (TimeoutError, *REDIS_ERRORS) as exc:
+            # they lapse by themselves within max_block_s; a job handed off meanwhile
+            # is claimed by the next pop of its queue
+            log.debug("withdrawing the idle registrations failed (%s)", exc)
+
     async def close(self) -> None:
-        """Cancel the blocking waits."""
+        """Withdraw the hand-off registrations, then cancel the blocking waits."""
+        await self.withdraw()
         if self._blpop is not None:
             self._blpop.cancel()
             with contextlib.suppress(BaseException):

@@ -115,7 +115,9 @@ class Worker:
         if paused == st.fetch_paused:
             return
         st.fetch_paused = paused
-        log.info("fetching %s", "paused" if paused else "resumed")
+        if not paused:
+            log.info("fetching resumed")
+        # a pause is logged by the fetch loop, once no job can be handed to this worker
         st.room.set()
 
     async def run(self) -> int:

@@ -7,21 +7,28 @@ the same server (flushed before every run):
 * drain: N no-op jobs are enqueued (not timed), the worker fleet is started, and the
   figure is ``N / (last handler exit - first handler entry)`` from the handlers' own
   clocks (``bench.record``), exactly as for batchq; then the fleet is stopped.
-* latency: a fresh fleet, one warm-up job, then open-loop load at each ``--rates``
-  for ``--duration`` seconds from the peer's own client (``bench.peers.driver``, the
-  same ``batchq.loadgen`` schedule); enqueue-to-start and enqueue-to-done are measured
-  from each job's intended send time, as in the ``latency`` scenario.
+* latency: a fresh fleet, then, for each offered rate in ascending order (``--rates``,
+  then with ``--climb`` that rate times ``--climb-factor`` again and again up to
+  ``--max-rate``), ``--repeat`` runs of: one warm-up job, then open-loop load for
+  ``--duration`` seconds from the system's own client (``bench.peers.driver``, the same
+  ``batchq.loadgen`` schedule); enqueue-to-start and enqueue-to-done are measured from
+  each job's intended send time, as in the ``latency`` scenario. A rate is sustained
+  when most of its runs are; the first rate that is not ends the system's climb (a
+  queue that falls behind at one rate does not catch up at a higher one), so each
+  system is measured up to where it falls over.
 """
 
 from __future__ import annotations
 
 import argparse
+import array
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -57,8 +64,18 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="first database for the peers; batchq uses the URL's (default 1)")
     p.add_argument("--jobs", type=int, default=None,
                    help="jobs per drain run (default 20,000, --quick 500)")
-    p.add_argument("--rates", default="200",
-                   help="offered rates for latency, jobs/s, comma-separated (default 200)")
+    p.add_argument("--rates", default="200,1000,3000",
+                   help="offered rates for latency, jobs/s, comma-separated (default "
+                   "200,1000,3000); a system's first rate not sustained ends its list")
+    p.add_argument("--climb", action="store_true",
+                   help="after the last --rates rate, multiply the rate by --climb-factor "
+                   "until a rate is not sustained or the next would pass --max-rate")
+    p.add_argument("--climb-factor", type=float, default=2.0,
+                   help="rate step of --climb (default 2: 3,000, 6,000, 12,000, ...)")
+    p.add_argument("--max-rate", type=float, default=100_000.0,
+                   help="the highest rate --climb offers, jobs/s (default 100,000)")
+    p.add_argument("--no-drain", action="store_true",
+                   help="latency only: skip the drain runs")
     p.add_argument("--duration", type=float, default=None,
                    help="seconds of load per rate (default 10, --quick 1)")
     p.add_argument("-p", "--processes", type=int, default=None,
@@ -203,27 +220,101 @@ def drain(sys_: System, n: int) -> dict[str, Any]:
             "first_job_after_start_s": startup_s, "reporting_processes": procs}
 
 
-def latency(sys_: System, rates: list[float], duration_s: float) -> list[dict[str, Any]]:
+def rate_plan(rates: Sequence[float], climb_factor: float | None,
+              max_rate: float) -> Iterator[float]:
+    """The offered rates in the order they are tried: ``rates`` ascending, then (with a
+    ``climb_factor``) the highest of them times the factor, again and again, as long as
+    the rate stays within ``max_rate``. The caller stops at the first rate its system
+    does not sustain."""
+    base = sorted(set(rates))
+    yield from base
+    if climb_factor is None or not base:
+        return
+    if climb_factor <= 1:
+        raise ValueError(f"--climb-factor must be above 1, not {climb_factor:g}")
+    rate = base[-1] * climb_factor
+    while rate <= max_rate * (1 + 1e-9):
+        yield rate
+        rate *= climb_factor
+
+
+def runs_needed(repeat: int) -> int:
+    """Sustained runs a rate needs to count as sustained: a majority of ``repeat``."""
+    return repeat // 2 + 1
+
+
+def _since(samples: array.array[float], t0: float) -> tuple[array.array[float], int]:
+    """The samples of jobs intended at ``t0`` or later, and how many were older (jobs of
+    an earlier run that were still running when its queue was flushed)."""
+    out = array.array("d")
+    stale = 0
+    for i in range(0, len(samples) - 3, 4):
+        if samples[i] >= t0:
+            out.extend(samples[i : i + 4])
+        else:
+            stale += 1
+    return out, stale
+
+
+def one_rate(sys_: System, rate: float, duration_s: float) -> dict[str, Any]:
+    """One run at one offered rate against the running fleet: its figures."""
+    record.take_samples(sys_.client, sys_.key)
+    sys_.warm()
+    if wait_for_samples(sys_.client, sys_.key, 1, 90.0) < 1:
+        raise RuntimeError(f"{sys_.name}: the warm-up job did not run within 90s")
+    record.take_samples(sys_.client, sys_.key)
+    t0 = time.time()
+    state = sys_.load(rate, duration_s)
+    wait_for_samples(sys_.client, sys_.key, state["sent"], max(15.0, duration_s))
+    samples, stale = _since(record.take_samples(sys_.client, sys_.key), t0)
+    fig = figures(samples, state)
+    fig["stale_samples"] = stale
+    fig["sustained"] = (fig["lost"] == 0 and state["errors"] == 0
+                        and fig["completion_rate"] >= SUSTAINED_SHARE * rate
+                        and state["achieved_send_rate"] >= SUSTAINED_SHARE * rate)
+    if fig["lost"]:
+        sys_.flush()  # the backlog would spill into the next run
+    return fig
+
+
+def climb(rates: Iterable[float], repeat: int,
+          measure: Callable[[float], dict[str, Any]]) -> list[tuple[float, list[dict[str, Any]]]]:
+    """``measure(rate)`` up to ``repeat`` times at each rate, in order, until a rate is
+    not sustained by a majority of ``repeat`` runs; that rate is the last one measured.
+    The runs of a rate stop as soon as that majority is out of reach."""
+    need = runs_needed(repeat)
+    out: list[tuple[float, list[dict[str, Any]]]] = []
+    for rate in rates:
+        runs: list[dict[str, Any]] = []
+        while len(runs) < repeat and sum(not r["sustained"] for r in runs) <= repeat - need:
+            runs.append(measure(rate))
+        out.append((rate, runs))
+        if sum(1 for r in runs if r["sustained"]) < need:
+            break
+    return out
+
+
+def latency(sys_: System, rates: Iterable[float], duration_s: float,
+            repeat: int) -> list[tuple[float, list[dict[str, Any]]]]:
+    """``climb`` over ``rates`` on one fleet of the system."""
     sys_.flush()
-    out = []
     with sys_.fleet() as fleet:
         fleet.start()
-        for rate in rates:
-            record.take_samples(sys_.client, sys_.key)
-            sys_.warm()
-            if wait_for_samples(sys_.client, sys_.key, 1, 90.0) < 1:
-                raise RuntimeError(f"{sys_.name}: the warm-up job did not run within 90s\n"
-                                   f"{fleet.log_tail()}")
-            record.take_samples(sys_.client, sys_.key)
-            state = sys_.load(rate, duration_s)
-            wait_for_samples(sys_.client, sys_.key, state["sent"], max(15.0, duration_s))
-            fig = figures(record.take_samples(sys_.client, sys_.key), state)
-            fig["sustained"] = (fig["lost"] == 0 and state["errors"] == 0
-                                and fig["completion_rate"] >= SUSTAINED_SHARE * rate
-                                and state["achieved_send_rate"] >= SUSTAINED_SHARE * rate)
-            out.append(fig)
-            if fig["lost"]:
-                sys_.flush()
+
+        def measure(rate: float) -> dict[str, Any]:
+            if not fleet.running():
+                raise RuntimeError(f"{sys_.name}: the worker fleet exited at {rate:g} "
+                                   f"jobs/s\n{fleet.log_tail()}")
+            fig = one_rate(sys_, rate, duration_s)
+            s = fig["enqueue_to_start"]
+            print(f"   {sys_.name} @ {rate:,.0f}/s: start p50 {_fmt_ms(s['p50'])} p99 "
+                  f"{_fmt_ms(s['p99'])} ms, sent {fig['achieved_send_rate']:,.0f}/s, "
+                  f"done {fig['completion_rate']:,.0f}/s"
+                  + ("" if fig["sustained"] else f", NOT sustained (lost {fig['lost']})"),
+                  file=sys.stderr, flush=True)
+            return fig
+
+        out = climb(rates, repeat, measure)
         fleet.stop(signal.SIGTERM, timeout_s=15)
     return out
 
@@ -232,49 +323,83 @@ def _fmt_ms(v: float) -> str:
     return harness.fmt(v, "ms")
 
 
-def comparison_table(rec: dict[str, Any], rates: list[float]) -> str:
+def rate_summary(rate: float, runs: list[dict[str, Any]], repeat: int) -> dict[str, Any]:
+    """One rate over its runs: the median of each figure; sustained by a majority."""
+    ok = sum(1 for r in runs if r["sustained"])
+
+    def med(values: list[float]) -> float:
+        return float(harness.summarize(values)["median"])
+
+    out: dict[str, Any] = {
+        "offered_rate": rate, "runs": len(runs), "sustained_runs": ok,
+        "sustained": ok >= runs_needed(repeat),
+        "completion_rate": med([r["completion_rate"] for r in runs]),
+        "achieved_send_rate": med([r["achieved_send_rate"] for r in runs]),
+        "lost": sum(r["lost"] for r in runs), "send_errors": sum(r["send_errors"] for r in runs),
+    }
+    for m in ("enqueue_to_start", "enqueue_to_done", "send_lateness"):
+        out[m] = {k: med([r[m][k] for r in runs]) for k in runs[0][m]}
+    return out
+
+
+def reach(levels: list[dict[str, Any]], climbed_to: float | None) -> str:
+    """Where a system stops keeping up, in words for the table."""
+    ok = [lv["offered_rate"] for lv in levels if lv["sustained"]]
+    bad = [lv["offered_rate"] for lv in levels if not lv["sustained"]]
+    if bad:
+        return (f"{ok[-1]:,.0f} / {bad[0]:,.0f}" if ok else f"- / {bad[0]:,.0f}")
+    if not ok:
+        return "-"
+    top = f"{ok[-1]:,.0f}"
+    return f"{top} / none up to the cap" if climbed_to is not None else f"{top} / not climbed"
+
+
+def comparison_table(rec: dict[str, Any]) -> str:
+    """Two markdown tables: per system (drain, where it stops keeping up), then per
+    system and offered rate (start latency, sustained or not)."""
     res: dict[str, Any] = rec["results"]
+    params = rec["parameters"]
+    cap = params["max_rate"] if params.get("climb") else None
     bq = res.get("batchq")
-    head = ["system", "version", "drain jobs/s", "batchq ratio"]
-    for r in rates:
-        head += [f"@{r:g}/s start p50 / p99 / p99.9 / max (ms)", f"@{r:g}/s done p99 (ms)",
-                 "batchq ratio (p99)"]
+    bq_drain = bq["drain"]["jobs_per_s"]["median"] if bq and bq["drain"] else None
+    head = ["system", "version", "drain jobs/s", "batchq ÷ system (drain)",
+            "highest rate sustained / first not (jobs/s)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, r in res.items():
-        drain_v = r["drain"]["jobs_per_s"]["median"]
-        lost = r["drain"].get("never_ran", 0)
-        cells = [name, r["version"], harness.cell({**r["drain"]["jobs_per_s"],
-                                                    "unit": "jobs/s"})
-                 + (f" ({lost:,} jobs never ran)" if lost > 0 else
-                    f" ({-lost:,} more runs than jobs: duplicates)" if lost < 0 else ""),
-                 "1" if name == "batchq" else "-" if bq is None
-                 else f"{bq['drain']['jobs_per_s']['median'] / drain_v:.1f}"]
-        for i, _ in enumerate(rates):
-            lv = r["latency"][i]
-            if not lv["sustained"]:
-                cells += [f"not sustained ({lv['completion_rate']:,.0f} jobs/s done)", "-", "-"]
-                continue
+        d = r["drain"]
+        if d is None:
+            drain_cell, ratio = "-", "-"
+        else:
+            lost = d.get("never_ran", 0)
+            drain_cell = harness.cell({**d["jobs_per_s"], "unit": "jobs/s"}) + (
+                f" ({lost:,} jobs never ran)" if lost > 0 else
+                f" ({-lost:,} more runs than jobs: duplicates)" if lost < 0 else "")
+            ratio = ("1" if name == "batchq" else "-" if bq_drain is None
+                     else f"{bq_drain / d['jobs_per_s']['median']:.1f}")
+        lines.append(f"| {name} | {r['version']} | {drain_cell} | {ratio} | "
+                     f"{reach(r['latency'], cap)} |")
+    bq_p99 = {lv["offered_rate"]: lv["enqueue_to_start"]["p99"]
+              for lv in (bq["latency"] if bq else []) if lv["sustained"]}
+    head = ["system", "offered jobs/s", "sustained (runs)", "start p50 / p99 / p99.9 / max (ms)",
+            "done p99 (ms)", "sent / done jobs/s", "p99 ÷ batchq's"]
+    lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, r in res.items():
+        for lv in r["latency"]:
+            rate = lv["offered_rate"]
             s = lv["enqueue_to_start"]
-            cells.append(" / ".join(_fmt_ms(s[k]) for k in ("p50", "p99", "p99.9", "max")))
-            cells.append(_fmt_ms(lv["enqueue_to_done"]["p99"]))
-            if bq is None or name == "batchq" or not bq["latency"][i]["sustained"]:
-                cells.append("1" if name == "batchq" else "-")
-            else:
-                mine = bq["latency"][i]["enqueue_to_start"]["p99"]
-                cells.append(f"{s['p99'] / mine:.1f}" if mine > 0 else "-")
-        lines.append("| " + " | ".join(cells) + " |")
+            ok = (f"{'yes' if lv['sustained'] else '**no**'} "
+                  f"({lv['sustained_runs']} of {lv['runs']})")
+            if lv["lost"]:
+                ok += f", {lv['lost']:,} jobs not done in time"
+            mine = bq_p99.get(rate)
+            ratio = ("-" if not (mine and lv["sustained"]) else
+                     "1" if name == "batchq" else f"{s['p99'] / mine:.1f}")
+            lines.append(
+                f"| {name} | {rate:,.0f} | {ok} | "
+                + " / ".join(_fmt_ms(s[k]) for k in ("p50", "p99", "p99.9", "max"))
+                + f" | {_fmt_ms(lv['enqueue_to_done']['p99'])} | "
+                f"{lv['achieved_send_rate']:,.0f} / {lv['completion_rate']:,.0f} | {ratio} |")
     return "\n".join(lines)
-
-
-def _median_level(levels: list[dict[str, Any]]) -> dict[str, Any]:
-    """One rate over the repeats: the median of each percentile."""
-    out = {"sustained": all(lv["sustained"] for lv in levels),
-           "completion_rate": harness.summarize([lv["completion_rate"] for lv in levels])[
-               "median"]}
-    for m in ("enqueue_to_start", "enqueue_to_done", "send_lateness"):
-        out[m] = {k: harness.summarize([lv[m][k] for lv in levels])["median"]
-                  for k in levels[0][m]}
-    return out
 
 
 def main(args: argparse.Namespace) -> int:
@@ -296,14 +421,26 @@ def main(args: argparse.Namespace) -> int:
         print("--redis-url: the peers' databases are flushed between runs; pass "
               "--allow-flush if that is fine for this server", file=sys.stderr)
         return 2
+    if args.climb and args.climb_factor <= 1:
+        print("--climb-factor must be above 1", file=sys.stderr)
+        return 2
     quick = args.quick
     repeat = args.repeat or (1 if quick else 3)
     jobs = args.jobs or (500 if quick else 20_000)
     duration = args.duration or (1.0 if quick else 10.0)
     rates = [float(r) for r in args.rates.split(",") if r.strip()]
+    if not rates or min(rates) <= 0:
+        print("--rates: give one or more positive rates", file=sys.stderr)
+        return 2
+    climb = args.climb_factor if args.climb else None
     procs = args.processes or os.cpu_count() or 1
-    params: dict[str, Any] = {"peers": names, "batchq": not args.no_batchq, "jobs": jobs,
-                              "rates": rates, "duration_s": duration, "processes": procs,
+    params: dict[str, Any] = {"peers": names, "batchq": not args.no_batchq,
+                              "jobs": None if args.no_drain else jobs,
+                              "rates": sorted(set(rates)), "climb": args.climb,
+                              "climb_factor": climb, "max_rate": args.max_rate,
+                              "sustained_share": SUSTAINED_SHARE,
+                              "runs_needed": runs_needed(repeat),
+                              "duration_s": duration, "processes": procs,
                               "concurrency": args.concurrency, "repeat": repeat,
                               "db_base": args.db_base}
     with Context(args.redis_url, args.namespace, args.out_dir, quick) as ctx:
@@ -322,16 +459,12 @@ def main(args: argparse.Namespace) -> int:
                        else peer_version(s.peer))
             d_row = Row(f"{s.name} drain", {"system": s.name, "version": version})
             runs: dict[str, Any] = {"drain": [], "latency": []}
-            levels: list[list[dict[str, Any]]] = [[] for _ in rates]
             try:
-                for _ in range(repeat):
+                for _ in range(0 if args.no_drain else repeat):
                     d = drain(s, jobs)
                     runs["drain"].append(d)
                     d_row.add("jobs/s", d["jobs_per_s"], "jobs/s")
-                    for i, lv in enumerate(latency(s, rates, duration)):
-                        levels[i].append(lv)
-                        runs["latency"].append({k: v for k, v in lv.items()
-                                                if k != "histograms"})
+                levels = latency(s, rate_plan(rates, climb, args.max_rate), duration, repeat)
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 print(f"{s.name} failed: {exc}", file=sys.stderr)
                 ctx.notes.append(f"{s.name}: failed: {str(exc).splitlines()[0]}")
@@ -340,34 +473,42 @@ def main(args: argparse.Namespace) -> int:
             finally:
                 s.flush()
                 s.client.close()
-            rows.append(d_row)
-            for rate, lvs in zip(rates, levels, strict=True):
+            if runs["drain"]:
+                rows.append(d_row)
+            for rate, lvs in levels:
+                runs["latency"] += [{k: v for k, v in lv.items() if k != "histograms"}
+                                    for lv in lvs]
                 row = Row(f"{s.name} @ {rate:g} jobs/s",
                           {"system": s.name, "offered_rate": rate,
-                           "sustained": all(lv["sustained"] for lv in lvs)})
+                           "sustained_runs": sum(1 for lv in lvs if lv["sustained"]),
+                           "runs": len(lvs)})
                 for lv in lvs:
                     for k, v in lv["enqueue_to_start"].items():
                         row.add(f"start {k}", v, "ms")
                     for k, v in lv["enqueue_to_done"].items():
                         row.add(f"done {k}", v, "ms")
+                    row.add("completed/s", lv["completion_rate"], "jobs/s")
                 rows.append(row)
             rec["results"][s.name] = {
                 "version": version,
                 "config": f"batchq worker -p {procs} -c {args.concurrency}"
                 if s.peer is None else s.peer.config,
-                "drain": {"jobs_per_s": harness.summarize(
-                    [d["jobs_per_s"] for d in runs["drain"]]),
-                          "never_ran": sum(d["jobs"] - d["ran"] for d in runs["drain"])},
-                "latency": [{"offered_rate": rate, **_median_level(lvs)}
-                            for rate, lvs in zip(rates, levels, strict=True)],
+                "drain": None if not runs["drain"] else {
+                    "jobs_per_s": harness.summarize([d["jobs_per_s"] for d in runs["drain"]]),
+                    "never_ran": sum(d["jobs"] - d["ran"] for d in runs["drain"])},
+                "latency": [rate_summary(rate, lvs, repeat) for rate, lvs in levels],
             }
             rec["runs"].append({"system": s.name, **runs})
         path = harness.finish_record(rec, ctx.out_dir, rows, ctx)
     print(f"### peers — {rec['timestamp']}\n")
-    print(comparison_table(rec, rates))
-    print(f"\n{jobs:,} jobs per drain run; latency: {duration:g} s of open-loop load per "
-          f"rate, from the intended send time; median of {repeat} run(s); batchq ratio = "
-          "peer's figure ÷ batchq's (drain: batchq's jobs/s ÷ the peer's)")
+    print(comparison_table(rec))
+    drained = "no drain runs" if args.no_drain else f"{jobs:,} jobs per drain run"
+    print(f"\n{drained}; latency: {duration:g} s of open-loop load per run, from the "
+          f"intended send time; rates {', '.join(f'{r:,.0f}' for r in sorted(set(rates)))}"
+          + (f", then times {climb:g} up to {args.max_rate:,.0f}" if climb else "")
+          + f"; {repeat} run(s) per rate, median; sustained = every job done, sent and done "
+          f"at ≥ {SUSTAINED_SHARE:.0%} of the rate, in {runs_needed(repeat)} of {repeat} "
+          "runs; a system's first rate not sustained is its last")
     for note in rec["notes"]:
         print(f"- {note}")
     print(f"\nrecord: {path}")

@@ -113,3 +113,17 @@ def test_harness_delegation(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
     assert args.handler(args) == 2
     err = capsys.readouterr().err
     assert "source checkout" in err and "bench/" in err
+
+
+def test_stop_children_ends_a_wedged_producer() -> None:
+    """A producer that does not exit is stopped, not waited for forever (a wedged child
+    once held a CI run until its budget ran out)."""
+    ignores_term = subprocess.Popen(
+        [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+         "signal.SIG_IGN); print('up', flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE)
+    assert ignores_term.stdout is not None and ignores_term.stdout.readline() == b"up\n"
+    quick = subprocess.Popen([sys.executable, "-c", "pass"])
+    cli_bench._stop_children([quick, ignores_term], grace_s=0.5)
+    assert quick.returncode == 0
+    assert ignores_term.returncode == -9  # SIGTERM ignored: killed

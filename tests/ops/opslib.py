@@ -28,6 +28,7 @@ COUNTERS = frozenset({
     "batchq_stale_acks_total",
     "batchq_worker_restarts_total",
     "batchq_jobs_enqueued_total",
+    "batchq_jobs_handed_off_total",
     "batchq_jobs_rate_limited_total",
 })
 HISTOGRAMS = frozenset({
@@ -65,7 +66,7 @@ WITH_QUEUE_LABEL = frozenset({
     "batchq_stale_acks_total", "batchq_job_run_seconds", "batchq_job_wait_seconds",
     "batchq_fetch_batch_size", "batchq_jobs_in_progress", "batchq_queue_jobs",
     "batchq_queue_oldest_job_age_seconds", "batchq_queue_delayed_lag_seconds",
-    "batchq_queue_paused", "batchq_jobs_enqueued_total",
+    "batchq_queue_paused", "batchq_jobs_enqueued_total", "batchq_jobs_handed_off_total",
     "batchq_periodic_next_run_timestamp_seconds", "batchq_jobs_rate_limited_total",
     "batchq_queue_grouped_jobs", "batchq_queue_groups", "batchq_queue_held_seconds",
     "batchq_limit_concurrency_used_ratio", "batchq_limit_rate_per_second",

@@ -465,3 +465,34 @@ def test_meta_reports_next_due_and_next_deadline(redis_client, s, k):
     assert meta[1] == now + 20_000
     assert meta[2] == meta[0] + 7_000
     assert meta[3:] == [0, 0, 0, 0]
+
+
+def _seq_id(n: int) -> str:
+    """An id as enqueue makes it: 17 characters, "-", the hex sequence number."""
+    return f"{'a' * 17}-{n:x}"
+
+
+def test_pop_clears_waiting_bits_per_run_and_only_its_own(redis_client, s, k):
+    from batchq.scripts import calls
+
+    r = redis_client
+    assert int(s.call(calls.reserve(k, 200))) == 0
+    # 3..62 enqueued in order (one run), then 90, 80, 81 (not consecutive in pop order)
+    s.call(calls.enqueue(k, 0, [entry(_seq_id(i)) for i in range(3, 63)], check=False,
+                         runs="3:60"))
+    s.call(calls.enqueue(k, 0, [entry(_seq_id(i)) for i in (90, 80, 81)], check=False,
+                         runs="80:2,90:1"))
+    for i in (2, 79, 82, 89, 91):  # neighbours' bits (jobs of other producers)
+        r.setbit(k.waiting0, i, 1)
+
+    def bits() -> set[int]:
+        return {i for i in range(200) if r.getbit(k.waiting0, i)}
+
+    assert bits() == {2, 79, 82, 89, 91, *range(3, 63), 80, 81, 90}
+    def popped(n: int) -> int:
+        return len(s.call(calls.pop(k, n, 30_000, 100))) - 10
+
+    assert popped(25) == 25  # 3..27: unaligned start and end
+    assert bits() == {2, 79, 82, 89, 91, *range(28, 63), 80, 81, 90}
+    assert popped(100) == 38  # 28..62, then 90, 80, 81
+    assert bits() == {2, 79, 82, 89, 91}

@@ -21,6 +21,9 @@ BATCHQ_COMMANDS = (
     # campaigns: listing them (app.campaigns, the CLI, the metrics); flow control: one
     # bounded page of a queue's limits and the groups that wait longest (info, metrics)
     "+zrevrange", "+hscan",
+    # the hand-off: enqueue.lua takes idle workers' registrations, pop.lua removes a
+    # reaped handed-off job from the wake list
+    "+zpopmin", "+lrem",
     # results, status, cancel: job sequence numbers (reserve.lua), the ready-job bitmaps,
     # the per-job channels (scripts publish, result() subscribes)
     "+incrby", "+setbit", "+getbit", "+bitfield", "+setrange", "+publish", "+subscribe",

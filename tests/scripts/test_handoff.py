@@ -1,0 +1,139 @@
+"""The hand-off (enqueue.lua, pop.lua): an empty pop registers its worker as idle, an
+enqueue leases its first jobs to the registered workers and pushes the leased entries on
+the wake list, and nothing new can be lost or run twice."""
+
+from __future__ import annotations
+
+import time
+
+import redis
+
+from batchq.keys import QueueKeys
+from batchq.scripts import SyncScripts, calls
+
+from ._lua import HEAD, entry, refunded, server_ms, with_attempt
+
+LEASE = 30_000
+ME = "host:1"
+
+
+def _pop(s: SyncScripts, k: QueueKeys, want: int, me: str = ME, lease: int = LEASE,
+         idle_ms: int = 6_000) -> list[bytes]:
+    res = s.call(calls.pop(k, want, lease, 100, me, idle_ms))
+    return list(res[HEAD:])
+
+
+def _enqueue(s: SyncScripts, k: QueueKeys, *entries: bytes, check: bool = False) -> int:
+    return int(s.call(calls.enqueue(k, 0, list(entries), check=check)))
+
+
+def test_an_idle_worker_is_handed_the_first_job_leased(redis_client: redis.Redis,
+                                                       s: SyncScripts, k: QueueKeys) -> None:
+    r = redis_client
+    assert _pop(s, k, 5) == []  # nothing: registered as idle
+    (member, until), = r.zrange(k.idle, 0, -1, withscores=True)
+    assert member == f"{LEASE}|{ME}".encode()
+    assert 5_000 < until - server_ms(r) <= 6_000
+
+    a, b, c = entry("a"), entry("b"), entry("c")
+    assert _enqueue(s, k, a, b, c) == 2  # b and c wait in the ready list
+    leased = with_attempt(a, 1)
+    assert r.lrange(k.wake, 0, -1) == [leased]  # the entry itself, no token beside it
+    assert r.hget(k.inflight, "a") == leased
+    deadline = r.zscore(k.reserved, "a:1")
+    assert deadline is not None and abs(deadline - (server_ms(r) + LEASE)) < 1_000
+    assert r.lrange(k.ready_for(0), 0, -1) == [b, c]
+    assert r.zcard(k.idle) == 0  # one registration, one job
+    assert r.hget(k.stats, "handed") == b"1" and r.hget(k.stats, "enqueued") == b"3"
+
+    # the worker's BLPOP takes its job; its next pop returns the rest
+    assert r.blpop([k.wake], timeout=1) == (k.wake.encode(), leased)
+    assert _pop(s, k, 5) == [with_attempt(b, 1), with_attempt(c, 1)]
+    assert r.zcard(k.idle) == 0
+
+
+def test_one_job_per_registration_and_a_pop_with_jobs_withdraws(
+        redis_client: redis.Redis, s: SyncScripts, k: QueueKeys) -> None:
+    r = redis_client
+    assert _pop(s, k, 5, me="w1") == [] and _pop(s, k, 5, me="w2") == []
+    a, b, c = entry("a"), entry("b"), entry("c")
+    assert _enqueue(s, k, a, b, c) == 1
+    assert r.lrange(k.wake, 0, -1) == [with_attempt(a, 1), with_attempt(b, 1)]
+    assert r.zcard(k.idle) == 0
+    assert r.hlen(k.inflight) == 2 and r.zcard(k.reserved) == 2
+
+    # w3 registers; a job enqueued while the queue is paused is not handed off; once
+    # resumed, w3's pop returns it and withdraws the registration
+    r.delete(k.wake)
+    assert _pop(s, k, 5, me="w3") == [with_attempt(c, 1)]
+    assert _pop(s, k, 5, me="w3") == []
+    assert r.zscore(k.idle, f"{LEASE}|w3") is not None
+    r.set(k.paused, "1")
+    d = entry("d")
+    _enqueue(s, k, d)
+    r.delete(k.paused)
+    assert _pop(s, k, 5, me="w3") == [with_attempt(d, 1)]
+    assert r.zscore(k.idle, f"{LEASE}|w3") is None
+
+
+def test_no_hand_off_when_paused_held_limited_retried_or_lapsed(
+        redis_client: redis.Redis, s: SyncScripts, k: QueueKeys) -> None:
+    r = redis_client
+
+    def handed_after(setup: object) -> int:
+        r.delete(k.wake, k.ready_for(0), k.inflight, k.reserved, k.idle)
+        assert _pop(s, k, 1) == []
+        before = int(r.hget(k.stats, "handed") or 0)
+        _enqueue(s, k, entry("x"), check=setup == "retry")
+        return int(r.hget(k.stats, "handed") or 0) - before
+
+    assert handed_after(None) == 1
+    r.set(k.paused, "1")
+    assert handed_after("paused") == 0
+    assert r.llen(k.ready_for(0)) == 1 and r.lrange(k.wake, 0, -1) == [b"1"]
+    r.delete(k.paused)
+    r.hset(k.limits, "~q", "100,10,,,")  # a queue-wide rate limit: pops count tokens
+    assert handed_after("limited") == 0
+    r.delete(k.limits)
+    r.zadd(k.gwait, {"~q": server_ms(r) + 60_000})  # RateLimited held the queue
+    assert handed_after("held") == 0
+    r.delete(k.gwait)
+    assert handed_after("retry") == 0  # a retried call writes exactly what it wrote
+    # a registration that lapsed is dropped, not used
+    r.delete(k.wake, k.ready_for(0), k.inflight, k.reserved, k.idle)
+    assert _pop(s, k, 1, idle_ms=1) == []
+    time.sleep(0.01)
+    _enqueue(s, k, entry("y"))
+    assert r.zcard(k.idle) == 0 and r.llen(k.ready_for(0)) == 1
+    # without a name, a pop registers nothing
+    assert s.call(calls.pop(k, 5, LEASE, 100))[HEAD:] == [with_attempt(entry("y"), 1)]
+    assert s.call(calls.pop(k, 5, LEASE, 100))[HEAD:] == [] and r.zcard(k.idle) == 0
+
+
+def test_a_pop_claims_handed_jobs_nobody_took(redis_client: redis.Redis, s: SyncScripts,
+                                              k: QueueKeys) -> None:
+    r = redis_client
+    assert _pop(s, k, 5, me="gone") == []  # a worker registers, then goes away
+    a, b = entry("a"), entry("b")
+    _enqueue(s, k, a, b)
+    assert r.lrange(k.wake, 0, -1) == [with_attempt(a, 1)]
+    # another worker's pop takes the handed job as it is (leased already), then b
+    assert _pop(s, k, 5, me="other") == [with_attempt(a, 1), with_attempt(b, 1)]
+    assert r.zrange(k.reserved, 0, -1) == [b"a:1", b"b:1"]
+    # the workers that were blocked for it get a token: others may need waking
+    assert r.lrange(k.wake, 0, -1) == [b"1"]
+
+
+def test_an_expired_handed_job_is_reaped_once_and_leaves_the_wake_list(
+        redis_client: redis.Redis, s: SyncScripts, k: QueueKeys) -> None:
+    r = redis_client
+    assert _pop(s, k, 5, lease=50) == []
+    a = entry("a")
+    _enqueue(s, k, a)
+    assert r.llen(k.wake) == 1
+    time.sleep(0.1)  # nobody took it: the lease expires
+    reply = s.call(calls.pop(k, 0, LEASE, 100))
+    assert int(reply[4]) == 1  # reaped: back at the head of the ready list
+    assert r.lrange(k.wake, 0, -1) == [b"1"]  # the stale handed entry is gone
+    assert r.lrange(k.ready_for(0), 0, -1) == [refunded(a, 1)]
+    assert _pop(s, k, 5) == [refunded(a, 2)]  # it runs once, under a new lease name
