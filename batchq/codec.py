@@ -253,7 +253,12 @@ def encode_body(
         if isinstance(value, _CONTAINERS) and _bad_key(value) is not _OK:
             _refuse_keys(task, args, kwargs)
     if kwargs:
-        for value in kwargs.values():
+        for key, value in kwargs.items():
+            if not isinstance(key, str):
+                # a mapping row of enqueue_many is the keyword arguments: a worker
+                # could never call the handler with a key that is not a name
+                raise TypeError(f"cannot enqueue {task}: keyword {key!r} "
+                                f"({type(key).__name__}) is not a string")
             if isinstance(value, _CONTAINERS) and _bad_key(value) is not _OK:
                 _refuse_keys(task, args, kwargs)
     return body
@@ -392,7 +397,7 @@ def decode_entry(raw: bytes, queue: str) -> Job:
                           f"{_bad_field(fields)}")
     if job.kwargs:
         for key in job.kwargs:
-            if type(key) is not str:
+            if not isinstance(key, str):
                 raise DecodeError(f"job {job.id} body: keyword {_short(key)} is not a "
                                   "string")
     return job

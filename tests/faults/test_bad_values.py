@@ -122,6 +122,12 @@ def test_enqueue_many_names_the_refused_item_and_writes_nothing_for_it(
         plain.options(delay_s=math.nan).enqueue_many([("a",)])
     assert _written(fleet) == 0
 
+    # a mapping row is the keyword arguments: a key that is not a name could never be
+    # passed to the handler (it was written, and died on the worker)
+    with pytest.raises(TypeError, match=r"item 1: .*keyword 7 \(int\) is not a string"):
+        plain.enqueue_many([{"x": 1}, {7: "seven"}])
+    assert _written(fleet) == 0
+
 
 def test_values_at_the_edges_are_accepted_and_run(fleet: Fleet) -> None:
     plain = fleet.app.tasks["plain"]
