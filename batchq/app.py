@@ -21,7 +21,7 @@ from .campaign import DEFAULT_CAMPAIGN_TTL_S, Campaign, CampaignStats
 from .clients import Clients
 from .codec import Job
 from .connection import RedisSettings, redact, resolve_url
-from .keys import QueueKeys
+from .keys import QueueKeys, check_queue_name
 from .lock import Lock
 from .queue import DeadRetention, Queue
 from .scripts import AsyncScripts, SyncScripts
@@ -106,6 +106,7 @@ class App:
         retry_backoff_max_s: float = 300.0,
         result_ttl_s: float | None = None,
         key_ttl_s: float = ...,
+        shards: int | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     @overload
@@ -124,6 +125,7 @@ class App:
         retry_backoff_max_s: float = 300.0,
         result_ttl_s: None = None,
         key_ttl_s: float = ...,
+        shards: int | None = None,
     ) -> Callable[[Callable[[list[Job]], Any]], Task[..., Any]]: ...
 
     def task(self, fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
@@ -140,7 +142,9 @@ class App:
             cfg = TaskConfig(name=options.pop("name", None) or f.__name__, **options)
             if cfg.name in self.tasks:
                 raise ValueError(f"a task named {cfg.name!r} is already registered")
-            self.keys(cfg.queue)  # validates the queue name now
+            check_queue_name(cfg.queue)  # validates the queue name now
+            if cfg.shards is not None:
+                self.clients.shards.configure(cfg.queue, cfg.shards)
             t: Task[..., Any] = Task(self, f, cfg)
             self.tasks[cfg.name] = t
             return t
@@ -151,8 +155,12 @@ class App:
         """The queues this app's tasks use, in registration order."""
         return list(dict.fromkeys(t.config.queue for t in self.tasks.values()))
 
-    def queue(self, name: str = DEFAULT_QUEUE) -> Queue:
-        """Inspection and dead-letter operations on one queue."""
+    def queue(self, name: str = DEFAULT_QUEUE, *, shards: int | None = None) -> Queue:
+        """Inspection and dead-letter operations on one queue. ``shards=N`` spreads it
+        over N sub-queues for every task of this app that writes to it (``batchq.shards``;
+        one count per queue and app)."""
+        if shards is not None:
+            self.clients.shards.configure(check_queue_name(name), shards)
         return Queue(self, name)
 
     def keys(self, queue: str) -> QueueKeys:

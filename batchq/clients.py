@@ -22,8 +22,9 @@ import redis
 from redis.asyncio import Redis as AsyncRedis
 
 from .connection import RedisSettings
-from .keys import QueueKeys, queues_key
+from .keys import QueueKeys, queues_key, shards_key, split_shard
 from .scripts import AsyncScripts, SyncScripts
+from .shards import ShardTable
 
 T = TypeVar("T")
 
@@ -45,6 +46,8 @@ class Clients:
         self._per_loop: dict[asyncio.AbstractEventLoop, object] = {}
         self._registered: set[str] = set()
         self._lock = threading.Lock()
+        self.shards = ShardTable()
+        """The shard counts this app's queues are configured with (``batchq.shards``)."""
 
     @property
     def settings(self) -> RedisSettings:
@@ -99,8 +102,20 @@ class Clients:
         """Record the queue name in the namespace's registry (once per process)."""
         self.check_fork()
         if queue not in self._registered:
-            self.redis.sadd(queues_key(self.namespace), queue)
+            base, k = split_shard(queue)
+            if k:  # a shard: the registry names its queue, the shard registry its index
+                pipe = self.redis.pipeline(transaction=False)
+                pipe.sadd(queues_key(self.namespace), base)
+                pipe.zadd(shards_key(self.namespace), self._shard_count(base, k), gt=True)
+                pipe.execute()
+            else:
+                self.redis.sadd(queues_key(self.namespace), queue)
             self._registered.add(queue)
+
+    def _shard_count(self, base: str, k: int) -> dict[str, int]:
+        """The shard registry's entry for a write to shard ``k``: the count this process
+        is configured with (every shard it may write to), at least ``k + 1``."""
+        return {base: max(k + 1, self.shards.count(base))}
 
     def close(self) -> None:
         """Close the synchronous client (asyncio clients close with ``aclose``)."""
@@ -146,7 +161,14 @@ class Clients:
         """``register_queue`` over the running loop's client."""
         self.check_fork()
         if queue not in self._registered:
-            await self.async_redis().sadd(queues_key(self.namespace), queue)
+            base, k = split_shard(queue)
+            if k:
+                pipe = self.async_redis().pipeline(transaction=False)
+                pipe.sadd(queues_key(self.namespace), base)
+                pipe.zadd(shards_key(self.namespace), self._shard_count(base, k), gt=True)
+                await pipe.execute()
+            else:
+                await self.async_redis().sadd(queues_key(self.namespace), queue)
             self._registered.add(queue)
 
     async def aclose(self) -> None:

@@ -94,6 +94,50 @@ WAIT_GEN_BITS = 23
 """A generation of job sequence numbers is 2^23 (one 1 MiB bitmap); four are live."""
 
 
+MAX_SHARDS = 64
+"""Sub-queues a sharded queue may have (``shards=``): shard 0 is the queue itself."""
+
+SHARD_SEP = ":s"
+"""Shard k > 0 of queue Q is the sub-queue ``Q:s<k>``: a user's queue name cannot hold a
+colon, so no shard name collides with a queue name (``batchq/shards.py``)."""
+
+
+def check_queue_name(queue: object) -> str:
+    """A user's queue name: non-empty, no braces, colons or white space."""
+    if not isinstance(queue, str) or not queue or \
+            any(c in queue for c in "{}: \t\r\n"):
+        raise ValueError(
+            f"invalid queue name {queue!r}: use a non-empty name without "
+            "braces, colons or white space"
+        )
+    return queue
+
+
+def split_shard(name: str) -> tuple[str, int]:
+    """``("emails", 3)`` for the sub-queue ``"emails:s3"``, ``("emails", 0)`` for the
+    queue itself; ``ValueError`` for anything else."""
+    base, sep, k = name.partition(SHARD_SEP) if isinstance(name, str) else (name, "", "")
+    if sep:
+        if not (k.isdigit() and k.isascii() and k[0] != "0" and int(k) < MAX_SHARDS):
+            raise ValueError(f"invalid queue name {name!r}: a shard is '<queue>:s<1.."
+                             f"{MAX_SHARDS - 1}>'")
+        return check_queue_name(base), int(k)
+    return check_queue_name(name), 0
+
+
+def shard_name(base: str, k: int) -> str:
+    """The name of shard ``k`` of queue ``base`` (shard 0: the queue itself)."""
+    return base if k == 0 else f"{base}{SHARD_SEP}{k}"
+
+
+def shards_key(namespace: str) -> str:
+    """Zset queue name -> the highest shard count any process wrote with (set at a
+    process's first write to a shard, or a worker's start; only raised, ``ZADD GT``):
+    how workers find shards beyond the count they are configured with, so a lowered
+    count still drains the old shards."""
+    return f"{namespace}:shards"
+
+
 def queues_key(namespace: str) -> str:
     """Set of every queue name that was ever enqueued to or served in ``namespace``."""
     return f"{namespace}:queues"
@@ -164,11 +208,7 @@ class QueueKeys:
     ``Queue.clear`` does not reset them."""
 
     def __post_init__(self) -> None:
-        if not self.queue or any(c in self.queue for c in "{}: \t\r\n"):
-            raise ValueError(
-                f"invalid queue name {self.queue!r}: use a non-empty name without "
-                "braces, colons or white space"
-            )
+        split_shard(self.queue)  # validates: a plain name, or "<name>:s<k>" (a shard)
         p = f"{self.namespace}:{{{self.namespace}:{self.queue}}}"
         object.__setattr__(self, "prefix", p)
         object.__setattr__(

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from . import flow_metrics, periodic, stats
 from .clients import Clients
+from .keys import SHARD_SEP
 
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
@@ -237,19 +238,29 @@ class Recorder:
             items = list(src.items())
             src.clear()
             for key, n in items:
-                metric.labels(*key).inc(n)
+                metric.labels(_queue(key[0]), *key[1:]).inc(n)
         for src1, metric1 in ((self.redelivered, self._c_redelivered),
                               (self.stale, self._c_stale)):
             items1 = list(src1.items())
             src1.clear()
             for q, n in items1:
-                metric1.labels(q).inc(n)
+                metric1.labels(_queue(q)).inc(n)
         for hist, local in ((self._h_run, self.run), (self._h_wait, self.wait),
-                            (self._h_batch, self.batch), (self._h_redis, self.redis)):
+                            (self._h_batch, self.batch)):
             for key, counts, total in local.drain():
-                _add_to_histogram(hist.labels(*key), counts, total)
+                _add_to_histogram(hist.labels(_queue(key[0]), *key[1:]), counts, total)
+        for key, counts, total in self.redis.drain():
+            _add_to_histogram(self._h_redis.labels(*key), counts, total)
+        progress: dict[str, int] = {}
         for q, n in in_progress.items():
+            progress[_queue(q)] = progress.get(_queue(q), 0) + n
+        for q, n in progress.items():
             self._g_progress.labels(q).set(n)
+
+
+def _queue(name: str) -> str:
+    """The queue label of a (sub-)queue: a sharded queue is reported as one queue."""
+    return name.partition(SHARD_SEP)[0]
 
 
 def _add_to_histogram(child: Any, counts: list[int], total: float) -> None:
@@ -329,7 +340,7 @@ class QueueCollector:
         c = self.app.clients
         try:
             names, bad = stats.registered_queues(c.redis, self.app.namespace)
-            snaps = stats.read(c.redis, [c.keys(n) for n in names])
+            snaps = stats.read_queues(c.redis, self.app.namespace, names, c.shards)
         except Exception as exc:  # a scrape must answer even when Redis does not
             log.warning("cannot read queue metrics from Redis: %s", exc)
             up.add_metric([], 0)

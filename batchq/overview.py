@@ -38,6 +38,8 @@ class QueueView:
     name: str
     stats: QueueStats
     counters: dict[str, int]
+    shards: int = 1
+    """How many shards were read (``batchq.shards``); 1: not sharded."""
 
     def info(self) -> dict[str, Any]:
         """The per-queue shape of ``batchq info --json``; ``malformed_heads`` (the
@@ -54,6 +56,8 @@ class QueueView:
         }
         if st.malformed_heads:
             row["malformed_heads"] = list(st.malformed_heads)
+        if self.shards > 1:
+            row["shards"] = self.shards
         return row
 
     def as_dict(self) -> dict[str, Any]:
@@ -78,8 +82,8 @@ def queue_names(app: App, extra: Iterable[str] = ()) -> list[str]:
 
 def read_queues(app: App, names: list[str]) -> dict[str, QueueView]:
     """Counts of ``names`` (valid queue names) in one pipelined round trip."""
-    snaps = stats.read(app.redis, [app.keys(name) for name in names])
-    return {s.name: QueueView(s.name, s.stats, s.outcomes) for s in snaps}
+    snaps = stats.read_queues(app.redis, app.namespace, names, app.clients.shards)
+    return {s.name: QueueView(s.name, s.stats, s.outcomes, s.shards) for s in snaps}
 
 
 def queue_page(app: App, *, extra: Iterable[str] = (), contains: str = "", offset: int = 0,

@@ -12,7 +12,7 @@ and writes nothing if the earlier try had landed, so a reconnect never doubles a
 Everything the worker could not run is refused here, before anything is written, with a
 message naming the option or argument (``EnqueueOptions``, ``plan``, ``codec.header``,
 ``codec.encode_body``). The retry loop and the ``enqueue_many`` stream are I/O-free cores
-(``_tries``, ``_Stream``) with a thin sync and a thin asyncio shell each. The producer
+(``_tries``, ``stream.Stream``) with a thin sync and a thin asyncio shell each. The producer
 takes the app's ``Clients`` and never imports ``app``.
 """
 
@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import redis
 import redis.asyncio
 
-from . import limits, tracked
+from . import tracked
 from .clients import Clients
 from .errors import CampaignClosed, EnqueueError, QuotaExceeded
 from .options import (
@@ -40,16 +40,11 @@ from .options import (
 from .plan import Plan, plan
 from .scripts import arun_pipeline, run_pipeline
 from .seqs import SeqSource, areserve
-from .tracked import MAX_KEY_BYTES
+from .stream import CHUNK, WINDOW, KeyFn, Stream, Window
+from .stream import quota_checked as _quota_checked
 
-__all__ = ["MAX_DELAY_S", "Call", "EnqueueOptions", "KeyFn", "aenqueue", "aenqueue_many",
-           "call", "enqueue", "enqueue_many", "eta_seconds", "plan"]
-
-CHUNK = 1000
-"""Jobs per script call (Lua's unpack limit is about 8000 arguments)."""
-
-WINDOW = 8
-"""Script calls per pipeline round trip in ``enqueue_many``."""
+__all__ = ["CHUNK", "MAX_DELAY_S", "WINDOW", "Call", "EnqueueOptions", "KeyFn", "aenqueue",
+           "aenqueue_many", "call", "enqueue", "enqueue_many", "eta_seconds", "plan"]
 
 RETRY_DELAYS_S = (0.05, 0.2, 0.5, 1.0, 2.0)
 """Backoff between tries of a write whose connection failed (about 4 s in all)."""
@@ -61,148 +56,6 @@ a write to a reset connection raises RuntimeError), or a Redis Cluster slot movi
 script did not run)."""
 
 
-_SCALARS = frozenset((int, str, bytes, float))
-
-
-def _split(item: Any) -> tuple[Any, Mapping[str, Any]]:
-    t = type(item)
-    if t is tuple or t is list:
-        return item, {}
-    if t in _SCALARS:  # the common one-argument rows, without the Mapping ABC check
-        return (item,), {}
-    if isinstance(item, tuple | list):
-        return item, {}
-    if isinstance(item, Call):
-        return item.args, item.kwargs
-    if isinstance(item, Mapping):
-        return (), item
-    return (item,), {}
-
-
-KeyFn = Callable[[Any], "str | None"]
-
-
-def _chunks(p: Plan, items: Iterable[Any], seqs: Callable[[], int | None] | None,
-            key_fn: KeyFn | None = None
-            ) -> Iterator[tuple[list[str], list[bytes]]]:
-    ids: list[str] = []
-    entries: list[bytes] = []
-    now_ms = int(time.time() * 1000)
-    entry, check_key, keyed = p.entry, tracked.check_key, p.tracked
-    for n, item in enumerate(items, 1):
-        args, kwargs = _split(item)
-        try:
-            jid, e = entry(args, kwargs, now_ms, seqs)
-            if keyed:
-                key = key_fn(item) if key_fn is not None else None
-                if key is None:
-                    entries += (e, b"")
-                elif type(key) is str and key.isascii() and 0 < len(key) <= MAX_KEY_BYTES:
-                    entries += (e, key.encode())  # check_key's fast path, inline
-                else:
-                    entries += (e, check_key(key).encode())
-            else:
-                entries.append(e)
-        except (TypeError, ValueError) as exc:
-            raise _at_item(exc, n - 1) from None
-        ids.append(jid)
-        if len(ids) == CHUNK:
-            yield ids, entries
-            ids, entries = [], []
-            if n % (CHUNK * WINDOW) == 0:
-                now_ms = int(time.time() * 1000)
-    if entries:
-        yield ids, entries
-
-
-def _at_item(exc: Exception, index: int) -> Exception:
-    """``exc`` again, its message naming the item (the class kept: PayloadTooLarge)."""
-    try:
-        return type(exc)(f"item {index}: {exc}")
-    except TypeError:  # an exception class with another constructor
-        return (TypeError if isinstance(exc, TypeError) else ValueError)(
-            f"item {index}: {exc}")
-
-
-Window = list[tuple[list[str], list[bytes]]]
-
-
-class _Stream:
-    """The bookkeeping of one ``enqueue_many`` (no I/O): windows of chunks, and what
-    Redis confirmed so far, for an exact ``EnqueueError``."""
-
-    def __init__(self, p: Plan, seqs: Callable[[], int | None],
-                 key_fn: KeyFn | None = None) -> None:
-        self.p, self.seqs = p, (seqs if p.due is None else None)
-        self.key_fn = key_fn
-        self.written: list[str] = []
-
-    def windows(self, items: Iterable[Any]) -> Iterator[Window]:
-        """Windows of chunks. An item that cannot be encoded (``TypeError``,
-        ``PayloadTooLarge``) stops the stream; the error then carries ``written`` and
-        ``ids`` of the jobs already in Redis, like ``EnqueueError``."""
-        window: Window = []
-        chunks = _chunks(self.p, items, self.seqs, self.key_fn)
-        while True:
-            try:
-                chunk = next(chunks, None)
-            except (TypeError, ValueError) as exc:
-                exc.written, exc.ids = len(self.written), self.written  # type: ignore[union-attr]
-                raise
-            if chunk is None:
-                break
-            window.append(chunk)
-            if len(window) == WINDOW:
-                yield window
-                window = []
-        if window:
-            yield window
-
-    def steps(self, items: Iterable[Any]) -> Iterator[tuple[tuple[list[str], list[bytes]]
-                                                          | None, Window]]:
-        """What to send, window by window: ``(single, rest)``. ``single`` (or None) goes
-        through the reconnect-safe single call: the first chunk (it also registers the
-        queue) and a lone last chunk. ``rest`` goes in one pipeline."""
-        for window in self.windows(items):
-            single = window.pop(0) if not self.written or len(window) == 1 else None
-            yield single, window
-
-    def failed(self, exc: EnqueueError) -> EnqueueError:
-        exc.written, exc.ids = len(self.written), self.written
-        return exc
-
-    def lost(self, window: Window, exc: Exception) -> EnqueueError:
-        unknown = sum(len(ids) for ids, _ in window)
-        return EnqueueError(
-            f"connection lost during enqueue_many of {self.p.task}: {len(self.written)} jobs "
-            f"written, {unknown} unknown: {exc}",
-            written=len(self.written), ids=self.written, unknown=unknown)
-
-    def record(self, window: Window, results: list[Any]) -> None:
-        """Count what a pipelined window wrote; an error result raises ``EnqueueError``."""
-        first_error: BaseException | None = None
-        quota = False
-        for (ids, _), res in zip(window, results, strict=True):
-            if isinstance(res, BaseException):
-                first_error = first_error or res
-            elif self.p.group and res == -2:
-                quota = True  # this chunk was not written (a smaller later one may be)
-            elif self.p.tracked:
-                try:
-                    self.written.extend(tracked.ids_of(self.p.campaign, ids, res))
-                except (CampaignClosed, tracked.NotJoined) as exc:
-                    first_error = first_error or exc
-            else:
-                self.written.extend(ids)
-        if first_error is None and quota:
-            _quota_checked(self.p, -2, self.written)
-        if first_error is not None:
-            raise EnqueueError(
-                f"enqueue_many of {self.p.task} failed after writing {len(self.written)} "
-                f"jobs: {first_error}", written=len(self.written), ids=self.written,
-            ) from first_error
-
-
 # --- the retry loop: one core, two shells ----------------------------------------------
 
 
@@ -212,20 +65,6 @@ def _tries(p: Plan, entries: list[bytes]) -> Iterator[tuple[float, list[str], li
     for attempt, pause in enumerate((0.0, *RETRY_DELAYS_S)):
         keys, args = p.script_args(entries, check=attempt > 0)
         yield pause, keys, args
-
-
-def _quota_checked(p: Plan, res: Any, written: list[str] | None = None) -> Any:
-    """``res`` of a write; ``QuotaExceeded`` when enqueue_group.lua refused it (-2)."""
-    if p.group and res == -2:
-        group = limits.group_name(p.group)
-        done = written or []
-        raise QuotaExceeded(
-            p.keys.queue, group,
-            f"cannot enqueue {p.task}: group {group!r} of queue {p.keys.queue!r} would go "
-            f"past its max_pending (Queue.limit); nothing of this write was stored"
-            + (f" ({len(done)} jobs of this enqueue_many were, before it)" if done else ""),
-            written=len(done), ids=done)
-    return res
 
 
 def _refused(p: Plan, exc: redis.ResponseError) -> EnqueueError:
@@ -290,17 +129,17 @@ class _InFlight:
         self._pool: ThreadPoolExecutor | None = None
         self._job: tuple[Window, Future[list[Any]]] | None = None
 
-    def send(self, c: Clients, p: Plan, rest: Window) -> None:
-        script = c.sync_scripts.by_name[p.script]
+    def send(self, c: Clients, rest: Window) -> None:
+        _prepare_sync(c, rest)
         pipe = c.redis.pipeline(transaction=False)
-        for _, entries in rest:
-            keys, args = p.script_args(entries, check=False)
-            script(keys, args, client=pipe)
+        for cp, _, entries in rest:
+            keys, args = cp.script_args(entries, check=False)
+            c.sync_scripts.by_name[cp.script](keys, args, client=pipe)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="batchq-enqueue")
         self._job = rest, self._pool.submit(run_pipeline, pipe, c.redis)
 
-    def wait(self, st: _Stream) -> None:
+    def wait(self, st: Stream) -> None:
         """Record the window on the wire, if any (``EnqueueError`` if it failed)."""
         if self._job is None:
             return
@@ -320,9 +159,29 @@ class _InFlight:
             self._pool = None
 
 
+def _prepare_sync(c: Clients, rest: Window) -> None:
+    """Before a pipelined window: register each shard it writes to (and join a campaign
+    to it), once per process, as the single call does for its own queue."""
+    for cp in {cp.keys.queue: cp for cp, _, _ in rest}.values():
+        c.register_queue(cp.keys.queue)
+        if cp.campaign is not None:
+            tracked.join(c, cp.campaign, cp.keys.queue)
+
+
+async def _prepare_async(c: Clients, rest: Window) -> None:
+    for cp in {cp.keys.queue: cp for cp, _, _ in rest}.values():
+        await c.aregister_queue(cp.keys.queue)
+        if cp.campaign is not None:
+            await tracked.ajoin(c, cp.campaign, cp.keys.queue)
+
+
 def enqueue_many(c: Clients, p: Plan, items: Iterable[Any],
-                 key_fn: KeyFn | None = None) -> list[str]:
-    st = _Stream(p, SeqSource(c, p.keys, want=CHUNK), key_fn)
+                 key_fn: KeyFn | None = None, spread: list[Plan] | None = None
+                 ) -> list[str]:
+    """``spread``: the plans of a sharded queue's shards, written to chunk by chunk in
+    turn (``p`` is then ignored)."""
+    plans = spread or [p]
+    st = Stream([(x, SeqSource(c, x.keys, want=CHUNK)) for x in plans], key_fn)
     flight = _InFlight()
     try:
         steps = st.steps(items)
@@ -338,20 +197,21 @@ def enqueue_many(c: Clients, p: Plan, items: Iterable[Any],
                 break
             single, rest = step
             if single is not None:
+                sp = single[0]
                 try:
-                    if p.tracked:
-                        st.written.extend(_write_tracked_sync(c, p, *single))
+                    if sp.tracked:
+                        st.written.extend(_write_tracked_sync(c, sp, *single[1:]))
                         single = None
                     else:
-                        _with_retry_sync(c, p, single[1])
+                        _with_retry_sync(c, sp, single[2])
                 except QuotaExceeded:
-                    _quota_checked(p, -2, st.written)
+                    _quota_checked(sp, -2, st.written)
                 except EnqueueError as exc:
                     raise st.failed(exc) from exc.__cause__
                 if single is not None:
-                    st.written.extend(single[0])
+                    st.written.extend(single[1])
             if rest:
-                flight.send(c, p, rest)
+                flight.send(c, rest)
     finally:
         flight.close()
     return st.written
@@ -465,31 +325,40 @@ async def aenqueue(c: Clients, p: Plan, args: Any, kwargs: Mapping[str, Any],
 
 
 async def aenqueue_many(c: Clients, p: Plan, items: Iterable[Any],
-                        key_fn: KeyFn | None = None) -> list[str]:
+                        key_fn: KeyFn | None = None, spread: list[Plan] | None = None
+                        ) -> list[str]:
     items = list(items)  # its length: the sequence numbers are reserved up front
-    st = _Stream(p, SeqSource(c, p.keys, await areserve(c, p.keys, len(items))), key_fn)
+    plans = spread or [p]
+    n_chunks = -(-len(items) // CHUNK)
+    sources = []
+    for i, x in enumerate(plans):
+        # the jobs of the chunks this shard gets (chunk j goes to shard j mod n)
+        mine = sum(min(CHUNK, len(items) - j * CHUNK) for j in range(i, n_chunks, len(plans)))
+        sources.append((x, SeqSource(c, x.keys, await areserve(c, x.keys, mine)
+                                     if mine else [])))
+    st = Stream(sources, key_fn)
     for single, rest in st.steps(items):
         if single is not None:
+            sp = single[0]
             try:
-                if p.tracked:
-                    st.written.extend(await _write_tracked_async(c, p, *single))
+                if sp.tracked:
+                    st.written.extend(await _write_tracked_async(c, sp, *single[1:]))
                     single = None
                 else:
-                    await _with_retry_async(c, p, single[1])
+                    await _with_retry_async(c, sp, single[2])
             except QuotaExceeded:
-                _quota_checked(p, -2, st.written)
+                _quota_checked(sp, -2, st.written)
             except EnqueueError as exc:
                 raise st.failed(exc) from exc.__cause__
             if single is not None:
-                st.written.extend(single[0])
+                st.written.extend(single[1])
         if rest:
+            await _prepare_async(c, rest)
             scripts = c.async_scripts()
-            script = scripts.by_name[
-                p.script]
             pipe = c.async_redis().pipeline(transaction=False)
-            for _, entries in rest:
-                keys, args = p.script_args(entries, check=False)
-                await script(keys, args, client=pipe)
+            for cp, _, entries in rest:
+                keys, args = cp.script_args(entries, check=False)
+                await scripts.by_name[cp.script](keys, args, client=pipe)
             try:
                 results = await arun_pipeline(pipe, c.async_redis())
             except _RETRY_WRITE_ERRORS as exc:

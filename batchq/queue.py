@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from . import codec, limits, stats
 from .clients import Clients
-from .keys import QueueKeys
+from .keys import QueueKeys, split_shard
 from .limits import GroupState, Limit
 from .scripts import calls
 from .stats import QueueStats
@@ -124,21 +124,34 @@ class DeadJob:
 
 
 class Queue:
-    """Inspection and dead-letter operations on one queue (synchronous)."""
+    """Inspection and dead-letter operations on one queue (synchronous). A sharded queue
+    (``batchq.shards``) is one queue here: every operation covers all its shards (those
+    configured in this app and those the shard registry knows), counts are summed."""
 
     def __init__(self, app: QueueOwner, name: str) -> None:
         self.app = app
         self.clients = app.clients
         self.name = name
         self.keys = self.clients.keys(name)
+        """The keys of the queue itself (shard 0 of a sharded queue)."""
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r}, namespace={self.app.namespace!r})"
 
+    def shards(self) -> list[Queue]:
+        """The queue's shards, shard 0 (this queue's own keys) first: one queue unless it
+        is sharded. One ``ZMSCORE`` of the shard registry."""
+        names = stats.shard_names(self.clients.redis, self.app.namespace, [self.name],
+                                  self.clients.shards)[self.name]
+        return [_Shard(self, n) for n in names]
+
     def stats(self) -> QueueStats:
-        """Counts by state. Never fails on data: a ready list whose head entry is not a
-        runnable job is listed in ``malformed_heads`` (and left out of the age)."""
-        return stats.read(self.clients.redis, [self.keys])[0].stats
+        """Counts by state (all shards summed). Never fails on data: a ready list whose
+        head entry is not a runnable job is listed in ``malformed_heads`` (and left out
+        of the age)."""
+        parts = self.shards()
+        snaps = stats.read(self.clients.redis, [q.keys for q in parts])
+        return stats.merge(self.name, snaps).stats
 
     # --- dead letters ------------------------------------------------------------------
 
@@ -146,6 +159,39 @@ class Queue:
         """Dead-lettered job ids, oldest first. An id that is not UTF-8 is decoded with
         ``surrogateescape``: passed back to ``dead_jobs`` / ``retry_dead`` /
         ``purge_dead`` it names the same bytes."""
+        parts = self.shards()
+        if len(parts) == 1:
+            return self._dead_ids(limit)
+        end = -1 if limit is None else limit - 1
+        pipe = self.clients.redis.pipeline(transaction=False)
+        for q in parts:
+            pipe.zrange(q.keys.dead, 0, end, withscores=True)
+        merged = sorted((score, _id_text(i)) for res in pipe.execute() for i, score in res)
+        return [i for _, i in merged[:limit]]
+
+    def dead_count(self) -> int:
+        """How many jobs the dead-letter store holds (every shard)."""
+        pipe = self.clients.redis.pipeline(transaction=False)
+        for q in self.shards():
+            pipe.zcard(q.keys.dead)
+        return sum(int(n) for n in pipe.execute())
+
+    def dead_range(self, start: int, stop: int, *, newest_first: bool = True) -> list[str]:
+        """Dead job ids of ranks ``start .. stop`` (inclusive), newest (or oldest) first,
+        over every shard: each shard's first ``stop + 1`` are merged by time."""
+        if stop < start:
+            return []
+        pipe = self.clients.redis.pipeline(transaction=False)
+        for q in self.shards():
+            if newest_first:
+                pipe.zrevrange(q.keys.dead, 0, stop, withscores=True)
+            else:
+                pipe.zrange(q.keys.dead, 0, stop, withscores=True)
+        merged = sorted(((score, _id_text(i)) for res in pipe.execute() for i, score in res),
+                        reverse=newest_first)
+        return [i for _, i in merged[start : stop + 1]]
+
+    def _dead_ids(self, limit: int | None) -> list[str]:
         end = -1 if limit is None else limit - 1
         ids = self.clients.redis.zrange(self.keys.dead, 0, end)
         return [_id_text(i) for i in ids]
@@ -156,6 +202,14 @@ class Queue:
         than hiding the others."""
         if ids is None:
             ids = self.dead_ids(limit)
+        parts = self.shards()
+        if len(parts) > 1:
+            found = [j for q in parts for j in q._dead_jobs(ids)]
+            order = {jid: n for n, jid in enumerate(ids)}
+            return sorted(found, key=lambda j: order.get(j.id, 0))
+        return self._dead_jobs(ids)
+
+    def _dead_jobs(self, ids: list[str]) -> list[DeadJob]:
         out: list[DeadJob] = []
         for start in range(0, len(ids), PAGE):
             page = ids[start : start + PAGE]
@@ -190,7 +244,7 @@ class Queue:
                 attempts = codec.parse_header(raw)[1]
         return DeadJob(
             id=jid,
-            queue=self.name,
+            queue=split_shard(self.name)[0],
             task=task,
             args=args,
             kwargs=kwargs,
@@ -207,8 +261,12 @@ class Queue:
         """Move dead jobs (all, or the given ids) back to ready with fresh attempts.
 
         Jobs whose bytes are not a batchq job (reason ``decode_error`` with a malformed
-        header) cannot run and stay in the store. Returns how many were moved.
+        header) cannot run and stay in the store. Returns how many were moved (each to
+        the shard it died in).
         """
+        parts = self.shards()
+        if len(parts) > 1:
+            return sum(q.retry_dead(ids) for q in parts)
         k = self.keys
         moved = 0
         scripts = self.clients.sync_scripts
@@ -232,6 +290,9 @@ class Queue:
 
     def purge_dead(self, ids: list[str] | None = None) -> int:
         """Delete dead jobs (all, or the given ids). Returns how many were deleted."""
+        parts = self.shards()
+        if len(parts) > 1:
+            return sum(q.purge_dead(ids) for q in parts)
         k = self.keys
         r = self.clients.redis
         if ids is None:
@@ -253,6 +314,10 @@ class Queue:
         than ``max_age_s`` and, oldest first, those beyond ``max_count``, in calls of at
         most ``chunk`` jobs (``max_chunks`` calls at most). Returns how many were
         deleted."""
+        parts = self.shards()
+        if len(parts) > 1:
+            return sum(q.trim_dead(retention, chunk=chunk, max_chunks=max_chunks)
+                       for q in parts)
         ret = retention or self.app.dead_retention
         run = self.clients.sync_scripts.call
         removed = 0
@@ -266,23 +331,33 @@ class Queue:
     # --- control -----------------------------------------------------------------------
 
     def pause(self) -> None:
-        """Workers stop taking jobs from this queue; enqueue still works."""
-        self.clients.redis.set(self.keys.paused, str(int(time.time())))
+        """Workers stop taking jobs from this queue (every shard); enqueue still works."""
+        pipe = self.clients.redis.pipeline(transaction=False)
+        for q in self.shards():
+            pipe.set(q.keys.paused, str(int(time.time())))
+        pipe.execute()
 
     def resume(self) -> None:
-        """Workers take jobs from this queue again."""
+        """Workers take jobs from this queue (every shard) again."""
         pipe = self.clients.redis.pipeline(transaction=False)
-        pipe.delete(self.keys.paused)
-        pipe.rpush(self.keys.wake, "1")
+        for q in self.shards():
+            pipe.delete(q.keys.paused)
+            pipe.rpush(q.keys.wake, "1")
         pipe.execute()
 
     def is_paused(self) -> bool:
-        return bool(self.clients.redis.exists(self.keys.paused))
+        """True when the queue (any of its shards) is paused."""
+        pipe = self.clients.redis.pipeline(transaction=False)
+        for q in self.shards():
+            pipe.exists(q.keys.paused)
+        return any(pipe.execute())
 
     def clear(self) -> None:
-        """Delete every job of the queue in every state, and its dead letters (its
-        limits stay: see ``remove_limit``)."""
-        self.clients.redis.delete(*self.keys.all())
+        """Delete every job of the queue (every shard) in every state, and its dead
+        letters (its limits stay: see ``remove_limit``)."""
+        for q in self.shards():
+            # one DEL per shard: a shard's keys share one slot, shards do not
+            self.clients.redis.delete(*q.keys.all())
 
     # --- flow control (batchq/limits.py) -------------------------------------------------
 
@@ -291,28 +366,55 @@ class Queue:
               max_pending: int | None = None, weight: float | None = None) -> Limit:
         """Set the limit of the whole queue (``group`` None), of one group, or of every
         group without its own (``group="*"``); replaces the one there was. Kept in Redis:
-        every worker applies it on its next fetch. See ``Limit`` for each field."""
-        return limits.set_limit(self.clients.redis, self.keys,
-                                Limit(group, rate_per_s, burst, concurrency, max_pending,
-                                      weight))
+        every worker applies it on its next fetch. See ``Limit`` for each field.
+
+        A sharded queue keeps every group in one shard, so a group's limit (and ``"*"``)
+        is written to every shard and stays exact; a limit of the whole queue (``group``
+        None) is refused there (``ValueError``): each shard would apply it on its own."""
+        lim = Limit(group, rate_per_s, burst, concurrency, max_pending, weight)
+        parts = self.shards()
+        if group is None and len(parts) > 1:
+            raise ValueError(
+                f"queue {self.name!r} is sharded ({len(parts)} shards): a limit of the "
+                "whole queue (group=None) cannot be kept exact across shards; limit its "
+                "groups (group=... or group='*') instead")
+        for q in parts[1:]:
+            limits.set_limit(self.clients.redis, q.keys, lim)
+        return limits.set_limit(self.clients.redis, self.keys, lim)
 
     def limits(self) -> list[Limit]:
-        """The queue's limits: the queue's own first, then ``"*"``, then groups."""
+        """The queue's limits: the queue's own first, then ``"*"``, then groups (a
+        sharded queue's are written to every shard alike: shard 0's are read)."""
         return limits.limits(self.clients.redis, self.keys)
 
     def remove_limit(self, group: str | None = None) -> bool:
         """Drop the limit of the queue (``group`` None) or of a group; True if there
         was one."""
-        return limits.remove_limit(self.clients.redis, self.keys, group)
+        had = [limits.remove_limit(self.clients.redis, q.keys, group) for q in self.shards()]
+        return any(had)
 
     def groups(self, limit: int = 100) -> list[GroupState]:
-        """Groups with ready jobs and their flow state (bounded by ``limit``)."""
-        return limits.groups(self.clients.redis, self.keys, limit)
+        """Groups with ready jobs and their flow state (bounded by ``limit``; of a
+        sharded queue, up to ``limit`` from each shard, at most ``limit`` in all)."""
+        out = [g for q in self.shards() for g in limits.groups(self.clients.redis, q.keys,
+                                                                 limit)]
+        return out[:limit]
 
     def hold(self, seconds: float, group: str | None = None) -> None:
-        """Start no job of ``group`` (or of the queue) for ``seconds``, as a handler's
-        ``RateLimited`` does; a longer hold already set is kept."""
-        limits.hold(self.clients.redis, self.keys, seconds, group)
+        """Start no job of ``group`` (or of the queue: every shard) for ``seconds``, as a
+        handler's ``RateLimited`` does; a longer hold already set is kept."""
+        for q in self.shards():
+            limits.hold(self.clients.redis, q.keys, seconds, group)
+
+
+class _Shard(Queue):
+    """One shard of a sharded queue: the single-queue operations on its own keys."""
+
+    def __init__(self, queue: Queue, name: str) -> None:
+        super().__init__(queue.app, name)
+
+    def shards(self) -> list[Queue]:
+        return [self]
 
 
 def _text(value: Any) -> str:

@@ -37,7 +37,7 @@ from . import codec
 from .clients import Clients
 from .connection import plain_url
 from .errors import JobCancelled, JobDead
-from .keys import QueueKeys, queues_key
+from .keys import MAX_SHARDS, QueueKeys, queues_key, shard_name, shards_key, split_shard
 from .scripts import calls
 
 log = logging.getLogger("batchq.results")
@@ -89,6 +89,8 @@ def candidates(app: ResultsOwner, job_id: str) -> list[QueueKeys]:
     ref = codec.ref_of(job_id)
     if ref not in table:
         _add(table, c.redis.smembers(queues_key(c.namespace)))
+        _add(table, _shard_names(c, c.redis.zrange(shards_key(c.namespace), 0, -1,
+                                                   withscores=True)))
     return [c.keys(q) for q in sorted(table.get(ref, ()))]
 
 
@@ -100,8 +102,25 @@ async def acandidates(app: ResultsOwner, job_id: str) -> list[QueueKeys]:
         _add(table, app.queues())
     ref = codec.ref_of(job_id)
     if ref not in table:
-        _add(table, await c.async_redis().smembers(queues_key(c.namespace)))
+        r = c.async_redis()
+        _add(table, await r.smembers(queues_key(c.namespace)))
+        _add(table, _shard_names(c, await r.zrange(shards_key(c.namespace), 0, -1,
+                                                   withscores=True)))
     return [c.keys(q) for q in sorted(table.get(ref, ()))]
+
+
+def _shard_names(c: Clients, registered: Iterable[Any]) -> list[str]:
+    """Every shard name of the sharded queues (registered or configured here): a job id
+    leads to its shard."""
+    counts = dict(c.shards.counts)
+    for raw, score in registered:
+        name = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else str(raw)
+        counts[name] = max(counts.get(name, 1), min(MAX_SHARDS, int(score)))
+    out: list[str] = []
+    for base, n in counts.items():
+        with contextlib.suppress(ValueError):
+            out += [shard_name(base, k) for k in range(1, n) if split_shard(base)[1] == 0]
+    return out
 
 
 # --- status and cancel -----------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 
-from . import codec
+from . import codec, shards
 from .keys import MAX_PRIORITY, QueueKeys, queues_key
 
 OUTCOMES = ("enqueued", "succeeded", "dead", "retried", "handed")
@@ -68,6 +68,8 @@ class Snapshot:
     """Now minus the due time of the oldest delayed job not yet moved (0 if none due)."""
     outcomes: dict[str, int]
     """The scripts' own counters (``OUTCOMES``)."""
+    shards: int = 1
+    """Sub-queues read for it (a sharded queue: ``merge``)."""
 
 
 _PER_QUEUE = 2 * (MAX_PRIORITY + 1) + 10
@@ -190,6 +192,56 @@ def read(client: redis.Redis, queues: Sequence[QueueKeys]) -> list[Snapshot]:
     return out
 
 
+def merge(name: str, parts: Sequence[Snapshot]) -> Snapshot:
+    """The snapshots of a sharded queue's shards as one queue named ``name``: counts
+    summed, ages and lags the largest, paused when any shard is."""
+    if len(parts) == 1 and parts[0].name == name:
+        return parts[0]
+    ps = [p.stats for p in parts]
+    by_prio: dict[int, int] = {}
+    for x in ps:
+        for prio, c in x.ready_by_priority.items():
+            by_prio[prio] = by_prio.get(prio, 0) + c
+    st = QueueStats(
+        ready=sum(x.ready for x in ps), delayed=sum(x.delayed for x in ps),
+        reserved=sum(x.reserved for x in ps), dead=sum(x.dead for x in ps),
+        paused=any(x.paused for x in ps),
+        oldest_age_s=max(x.oldest_age_s for x in ps),
+        ready_by_priority=dict(sorted(by_prio.items(), reverse=True)),
+        malformed_heads=tuple(sorted({m for x in ps for m in x.malformed_heads},
+                                     reverse=True)),
+        grouped=sum(x.grouped for x in ps), groups_active=sum(x.groups_active for x in ps),
+        groups_waiting=sum(x.groups_waiting for x in ps),
+        held_s=max(x.held_s for x in ps))
+    outcomes = {o: sum(p.outcomes.get(o, 0) for p in parts) for o in OUTCOMES}
+    return Snapshot(name, st, max(p.delayed_lag_s for p in parts), outcomes, len(parts))
+
+
+def shard_names(client: redis.Redis, namespace: str, names: Sequence[str],
+                configured: shards.ShardTable | None = None) -> dict[str, list[str]]:
+    """Each queue's sub-queues that may hold jobs: max(configured, registered) shards
+    (one ``ZMSCORE`` of the shard registry; a name that is a shard stays alone)."""
+    table = configured or shards.ShardTable()
+    bases = [n for n in names if not shards.split_shard(n)[1]]
+    known = shards.known(client, namespace, bases) if bases else {}
+    return {n: shards.expand([n], table, known) for n in names}
+
+
+def read_queues(client: redis.Redis, namespace: str, names: Sequence[str],
+                configured: shards.ShardTable | None = None) -> list[Snapshot]:
+    """``read`` of the named queues, a sharded queue read shard by shard in the same
+    pipeline and reported as one queue (``merge``)."""
+    subs = shard_names(client, namespace, names, configured)
+    flat = [QueueKeys(namespace, s) for n in names for s in subs[n]]
+    snaps = read(client, flat)
+    out, i = [], 0
+    for n in names:
+        m = len(subs[n])
+        out.append(merge(n, snaps[i : i + m]))
+        i += m
+    return out
+
+
 def registered_queues(client: redis.Redis, namespace: str) -> tuple[list[str], list[bytes]]:
     """The names in the namespace's registry of queues, sorted, and apart from them the
     members that are not usable queue names (not UTF-8, braces, colons, white space),
@@ -199,10 +251,9 @@ def registered_queues(client: redis.Redis, namespace: str) -> tuple[list[str], l
     for member in client.smembers(queues_key(namespace)):
         raw = member if isinstance(member, bytes) else str(member).encode()
         try:
-            name = raw.decode("utf-8")
-            QueueKeys(namespace, name)
+            name = shards.base_of(raw.decode("utf-8"))  # a shard is shown as its queue
         except ValueError:  # UnicodeDecodeError is one
             bad.append(raw)
             continue
         good.append(name)
-    return sorted(good), sorted(bad)
+    return sorted(set(good)), sorted(bad)

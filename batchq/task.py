@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
-from . import codec, producer, tracked
+from . import codec, producer, shards, tracked
 from .clients import Clients
-from .keys import MAX_PRIORITY
+from .keys import MAX_PRIORITY, split_shard
 from .plan import Plan
 from .producer import EnqueueOptions, KeyFn
 
@@ -66,6 +66,9 @@ class TaskConfig:
     """Keep each job's return value this long (``app.result``); None: not stored."""
     key_ttl_s: float = tracked.DEFAULT_KEY_TTL_S
     """How long a dedup key stays held after its job finished."""
+    shards: int | None = None
+    """Spread the queue over this many sub-queues (``batchq.shards``); None: as
+    configured elsewhere (``app.queue(name, shards=)``), else 1."""
 
     def __post_init__(self) -> None:
         # every check names the setting: a wrong value must never reach the worker
@@ -93,6 +96,8 @@ class TaskConfig:
                 raise ValueError("result_ttl_s is for single-job tasks: a batch handler "
                                  "returns failures, not results")
         _positive("key_ttl_s", self.key_ttl_s, zero_ok=True)
+        if self.shards is not None:
+            shards.check_shards(self.shards)
 
     @property
     def result_ttl_ms(self) -> int | None:
@@ -115,13 +120,16 @@ class _Enqueuer:
     _task: Task[..., Any]
     _opts: EnqueueOptions
 
-    def _plan(self, keyed: bool = False) -> Plan:
+    def _plan(self, keyed: bool = False, shard: int | None = None) -> Plan:
         t, o = self._task, self._opts
         c = t.config
+        queue = c.queue if o.queue is None else o.queue
+        if isinstance(queue, str):
+            queue = self._shard(queue, keyed, shard)
         return producer.plan(
             t.app.clients,
             c.name,
-            c.queue if o.queue is None else o.queue,
+            queue,
             c.priority if o.priority is None else o.priority,
             c.max_attempts if o.max_attempts is None else o.max_attempts,
             o.delay_s,
@@ -132,13 +140,55 @@ class _Enqueuer:
             group=o.group,
         )
 
-    def _many(self, key_fn: KeyFn | None) -> Plan:
+    def _count(self, queue: str) -> int:
+        """The shard count of ``queue`` in this app (1: not sharded, or a shard named
+        directly)."""
+        try:
+            base, k = split_shard(queue)
+        except ValueError:
+            return 1  # plan() names the bad queue
+        return 1 if k else self._task.app.clients.shards.count(base)
+
+    def _shard(self, queue: str, keyed: bool, shard: int | None) -> str:
+        """The sub-queue a write goes to: a group's or a dedup key's own shard (so its
+        limits and uniqueness stay exact), else this process's next one in turn."""
+        n = self._count(queue)
+        if n == 1:
+            return queue
+        o = self._opts
+        if o.group is not None and (keyed or o.key is not None):
+            raise ValueError(f"queue {queue!r} is sharded (shards={n}): a job with both a "
+                             "group and a dedup key cannot be routed (a group lives in one "
+                             "shard, a key in another); use one of them")
+        if o.group is not None:
+            k = shards.stable(o.group if isinstance(o.group, str) else "", n)
+        elif o.key is not None:
+            k = shards.stable(o.key if isinstance(o.key, str) else "", n)
+        elif keyed:
+            raise ValueError(f"queue {queue!r} is sharded (shards={n}): enqueue_many with "
+                             "key_fn is not supported there (each key lives in its own "
+                             "shard); enqueue keyed jobs one by one with options(key=...)")
+        elif shard is not None:
+            k = shard
+        else:
+            k = self._task.app.clients.shards.turn(queue, n)
+        return shards.shard_name(queue, k)
+
+    def _many(self, key_fn: KeyFn | None) -> tuple[Plan, list[Plan] | None]:
         if self._opts.key is not None:
             raise ValueError(f"options(key={self._opts.key!r}) names one job: give "
                              "enqueue_many a key_fn (one key per item) instead")
         if key_fn is not None and not callable(key_fn):
             raise TypeError(f"key_fn must be callable, got {key_fn!r}")
-        return self._plan(keyed=key_fn is not None)
+        p = self._plan(keyed=key_fn is not None)
+        c, o = self._task.config, self._opts
+        queue = c.queue if o.queue is None else o.queue
+        n = self._count(queue) if isinstance(queue, str) else 1
+        if n == 1 or o.group is not None:
+            return p, None
+        # chunks go to the shards in turn, starting at this process's next one
+        first = self._task.app.clients.shards.turn(queue, n)
+        return p, [self._plan(shard=(first + i) % n) for i in range(n)]
 
     def enqueue(self, *args: Any, **kwargs: Any) -> str:
         """Write one job; returns its id once Redis has it (with a dedup key already
@@ -155,8 +205,8 @@ class _Enqueuer:
         ``key_fn(item)`` gives each job's dedup key (or None): an item whose key is held
         is not written and its place in the result has the holder's id.
         """
-        return producer.enqueue_many(self._task.app.clients, self._many(key_fn), items,
-                                     key_fn)
+        p, spread = self._many(key_fn)
+        return producer.enqueue_many(self._task.app.clients, p, items, key_fn, spread)
 
     async def aenqueue(self, *args: Any, **kwargs: Any) -> str:
         """``enqueue`` for asyncio code."""
@@ -166,8 +216,8 @@ class _Enqueuer:
     async def aenqueue_many(self, items: Iterable[Any], *, key_fn: KeyFn | None = None
                             ) -> list[str]:
         """``enqueue_many`` for asyncio code."""
-        return await producer.aenqueue_many(self._task.app.clients, self._many(key_fn),
-                                            items, key_fn)
+        p, spread = self._many(key_fn)
+        return await producer.aenqueue_many(self._task.app.clients, p, items, key_fn, spread)
 
     def options(
         self,

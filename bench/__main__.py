@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 SCENARIOS = ("enqueue", "drain", "allin", "latency", "memory", "idle", "scale", "campaign",
-             "fanout", "groups", "ratecheck", "iocurve")
+             "fanout", "groups", "ratecheck", "iocurve", "shards")
 COMMANDS = (*SCENARIOS, "peers", "plot")
 
 # (full, --quick) defaults of --jobs per scenario
@@ -23,6 +23,7 @@ JOBS = {"enqueue": (50_000, 2_000), "drain": (100_000, 2_000), "allin": (1_000_0
         "latency": (50_000, 2_000),
         "memory": (1_000_000, 2_000), "scale": (50_000, 2_000),
         "campaign": (100_000, 2_000), "fanout": (100_000, 2_000), "groups": (100_000, 2_000),
+        "shards": (200_000, 5_000),
         "iocurve": (0, 0)}  # 0: per level, bench/iocurve.py's default_jobs
 
 
@@ -135,6 +136,12 @@ def add_scenario_args(p: argparse.ArgumentParser, scenario: str) -> None:
                        "(default 100,1000,5000; -c and -p are not used)")
         p.add_argument("--sleep-ms", type=float, default=50.0,
                        help="what each handler awaits (asyncio.sleep; default 50 ms)")
+    if scenario == "shards":
+        p.add_argument("--shards", default="1,8",
+                       help="shard counts of the hot queue, one row each (default 1,8)")
+        p.add_argument("--masters", type=int, default=3,
+                       help="nodes of the embedded cluster (default 3; 1: the cost of "
+                       "sharding itself, every shard on the one node)")
     if scenario == "memory":
         p.add_argument("--payload-bytes", type=int, default=100,
                        help="size of each job's bytes argument (default 100)")
@@ -163,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
              "ratecheck": "starts in any 1 s window vs rate + burst, two supervisors",
              "iocurve": "one process, handlers awaiting 50 ms: jobs/s, RSS and CPU "
                         "against -c 100, 1,000, 5,000",
+             "shards": "one hot queue on the embedded 3-node cluster, 1 vs 8 shards: "
+                       "Redis CPU per node, Redis µs per job",
              "peers": "batchq against Celery, RQ, arq, dramatiq, saq, taskiq, huey",
              "plot": "PNG of latency percentiles against offered rate"}
     for name in COMMANDS:
@@ -257,6 +266,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .peers.run import main as peers_main
 
         return peers_main(args)
+    if args.scenario == "shards":
+        from .shards import run as run_shards
+
+        try:
+            return run_shards(args)
+        except (RuntimeError, ValueError) as exc:
+            print(f"bench shards: {exc}", file=sys.stderr)
+            return 1
     try:
         return _run_scenario(args)
     except (RuntimeError, ValueError) as exc:

@@ -57,7 +57,8 @@ PRODUCER_GRACE_S = 60.0
 """How long after its schedule ends a producer process may take to merge and exit."""
 
 HARNESS_COMMANDS = ("enqueue", "drain", "allin", "latency", "memory", "idle", "scale",
-                    "campaign", "fanout", "groups", "ratecheck", "iocurve", "peers", "plot")
+                    "campaign", "fanout", "groups", "ratecheck", "iocurve", "shards", "peers",
+                    "plot")
 
 
 def _positive_int(raw: str) -> int:

@@ -67,7 +67,7 @@ def cmd_dead(args: argparse.Namespace) -> int:
         n = q.purge_dead(ids)
         _report_count(args, "purged", n, ids, q, "deleted")
         return exitcodes.EXIT_OK
-    total = int(t.app.redis.zcard(q.keys.dead))
+    total = q.dead_count()
     limit: int | None = args.limit
     if limit is None and ids is None and not args.all and action == "list":
         limit = DEAD_LIST_LIMIT

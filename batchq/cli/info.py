@@ -67,6 +67,8 @@ def render_info(t: Target, snap: dict[str, Any]) -> str:
                 rows.append([text(name) + " (!)", "?", "?", "?", "?", "?", "?"])
                 continue
             flag = " (!)" if q.get("malformed_heads") else ""
+            if q.get("shards"):
+                flag = f" [{q['shards']} shards]" + flag
             rows.append([text(name) + flag, str(q["ready"]), str(q["delayed"]),
                          str(q["reserved"]), str(q["dead"]), "yes" if q["paused"] else "no",
                          duration(q["oldest_age_s"]) if q["ready"] else "-"])

@@ -105,9 +105,12 @@ def cmd_set(args: argparse.Namespace) -> int:
         raise usage(str(exc)) from None
     t, q = _queue(args)
     before = {x.group: x for x in flow_view.all_limits(t.app.redis, q.keys)[0]}.get(group)
-    stored = q.limit(group, rate_per_s=lim.rate_per_s, burst=lim.burst,
-                     concurrency=lim.concurrency, max_pending=lim.max_pending,
-                     weight=lim.weight)
+    try:
+        stored = q.limit(group, rate_per_s=lim.rate_per_s, burst=lim.burst,
+                         concurrency=lim.concurrency, max_pending=lim.max_pending,
+                         weight=lim.weight)
+    except ValueError as exc:  # a queue-wide limit on a sharded queue
+        raise usage(str(exc)) from None
     if args.json:
         out(dumps({"queue": q.name, "limit": limit_dict(stored),
                    "replaced": limit_dict(before) if before else None}))

@@ -54,13 +54,12 @@ def full(j: DeadJob) -> dict[str, Any]:
 
 
 def _ids(app: App, q: Queue, start: int, stop: int) -> list[str]:
-    raw = app.redis.zrevrange(q.keys.dead, start, stop)
-    return [i.decode() if isinstance(i, bytes) else str(i) for i in raw]
+    return q.dead_range(start, stop)  # every shard of a sharded queue, newest first
 
 
 def page(app: App, q: Queue, offset: int, limit: int) -> dict[str, Any]:
     """Dead jobs ``offset .. offset+limit`` counted from the newest."""
-    total = int(app.redis.zcard(q.keys.dead))
+    total = q.dead_count()
     ids = _ids(app, q, offset, offset + limit - 1) if limit else []
     jobs = q.dead_jobs(ids)
     return {"queue": q.name, "total": total, "offset": offset, "limit": limit,
@@ -78,7 +77,7 @@ def search(app: App, q: Queue, text: str, cursor: int, limit: int) -> dict[str, 
     over ``SEARCH_SCAN`` records at most. ``next_cursor`` is where to go on, ``None`` at
     the end of the store."""
     needle = text.lower()
-    total = int(app.redis.zcard(q.keys.dead))
+    total = q.dead_count()
     found: list[dict[str, Any]] = []
     pos = cursor
     end = min(total, cursor + SEARCH_SCAN)
@@ -110,17 +109,17 @@ def retry(app: App, q: Queue, ids: list[str] | None, skip: int = 0) -> dict[str,
     already passed over, so the next request starts after them."""
     if ids is not None:
         return {"queue": q.name, "retried": q.retry_dead(ids),
-                "remaining": int(app.redis.zcard(q.keys.dead)), "more": False}
+                "remaining": q.dead_count(), "more": False}
     done = 0
     for _ in range(ACTION_MAX // CHUNK):
-        raw = app.redis.zrange(q.keys.dead, skip, skip + CHUNK - 1)
+        raw = q.dead_range(skip, skip + CHUNK - 1, newest_first=False)
         chunk = [i.decode() if isinstance(i, bytes) else str(i) for i in raw]
         if not chunk:
             break
         moved = q.retry_dead(chunk)
         done += moved
         skip += len(chunk) - moved
-    remaining = int(app.redis.zcard(q.keys.dead))
+    remaining = q.dead_count()
     return {"queue": q.name, "retried": done, "remaining": remaining, "skip": skip,
             "more": remaining > skip}
 
@@ -129,13 +128,13 @@ def purge(app: App, q: Queue, ids: list[str] | None) -> dict[str, Any]:
     """Delete the given ids, or (``ids`` None) the next ``ACTION_MAX`` dead jobs."""
     if ids is not None:
         return {"queue": q.name, "purged": q.purge_dead(ids),
-                "remaining": int(app.redis.zcard(q.keys.dead)), "more": False}
+                "remaining": q.dead_count(), "more": False}
     done = 0
     for _ in range(ACTION_MAX // CHUNK):
-        raw = app.redis.zrange(q.keys.dead, 0, CHUNK - 1)
+        raw = q.dead_range(0, CHUNK - 1, newest_first=False)
         chunk = [i.decode() if isinstance(i, bytes) else str(i) for i in raw]
         if not chunk:
             break
         done += q.purge_dead(chunk)
-    remaining = int(app.redis.zcard(q.keys.dead))
+    remaining = q.dead_count()
     return {"queue": q.name, "purged": done, "remaining": remaining, "more": remaining > 0}

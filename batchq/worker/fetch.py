@@ -69,8 +69,8 @@ class Fetcher:
         self.st = state
         self.out = outcomes
         s = state.settings
-        self.selector = Selector(len(state.queues), s.order, s.weights, s.fetch_batch)
-        self._index = {k.queue: i for i, k in enumerate(state.queues)}
+        self._by_wake: dict[str, QueueKeys] = {}
+        self.resize()
         self._tried: set[int] = set()
         """Queues asked for jobs (and found empty) since the last pop that got some: the
         loop idles only once every queue was asked."""
@@ -93,12 +93,20 @@ class Fetcher:
         self._idle_ms = int((s.max_block_s + 1) * 1000)
         """A registration lapses this long after the empty pop that made it: a little
         after the blocking wait that follows it ends."""
-        self._by_wake = {k.wake: k for k in state.queues}
         self._registered = True
         """False from a fetch pause until the next pop (which registers again)."""
         self._blpop: asyncio.Task[Any] | None = None
         self._wake_tasks: dict[str, asyncio.Task[None]] = {}
         """Cluster mode: one blocking wait per wake list, kept across idle waits."""
+
+    def resize(self) -> None:
+        """(Re)plan over ``state.queues``: at start, and when a queue gained shards."""
+        st, s = self.st, self.st.settings
+        self.selector = Selector(len(st.names), s.order, s.weights, s.fetch_batch,
+                                 st.shards)
+        self._index = {k.queue: i for i, k in enumerate(st.queues)}
+        self._by_wake = {k.wake: k for k in st.queues}
+        self._tried = set()
 
     def limit(self) -> int:
         """How many jobs this process may hold (running, and fetched not started).
@@ -209,7 +217,7 @@ class Fetcher:
             asked.append((qs[0], want, await self._call(qs[0], want, lease_ms)))
         elif self.selector.strict:
             # the first queue first; only what it could not fill goes to the next
-            for k in qs:
+            for k in [qs[i] for i in self.selector.strict_order()]:
                 want = self.selector.strict_want(free)
                 res = await self._call(k, want, lease_ms)
                 asked.append((k, want, res))

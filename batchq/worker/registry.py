@@ -131,7 +131,7 @@ class Registry:
                 "id": st.worker_id,
                 "host": os.uname().nodename,
                 "pid": os.getpid(),
-                "queues": ",".join(k.queue for k in st.queues),
+                "queues": ",".join(st.names),  # a sharded queue once
                 "concurrency": st.settings.concurrency,
                 "started_at": f"{st.started_at:.3f}",
                 "heartbeat_at": f"{now:.3f}",

@@ -17,6 +17,14 @@ and ``weights``; ``-q a,b``, ``--order strict``, ``-q a=3,b=1`` on the command l
   only what it could not fill is asked of the next one (one round trip per queue
   visited, in order; a round stops at the first queue that fills its share).
 
+A sharded queue (``batchq/shards.py``) counts as one queue here: its share of a round
+(at most ``fetch_batch`` per shard) is split over as few of its shards as can carry it,
+in chunks of up to ``fetch_batch``, the shards taken in turn, those whose last pop came
+back full first; one shard that came back short is probed for one job per round, so new
+work there is found while the others are busy, and a queue whose shards all came back
+short is asked on every shard at once. A round that found nothing asks the shards not
+asked yet (``among``), so an idle shard never keeps the worker from a busy one.
+
 This module only plans; ``fetch.Fetcher.pop`` sends the pops and reports back.
 """
 
@@ -47,39 +55,97 @@ def check_selection(queues: tuple[str, ...], order: str, weights: tuple[int, ...
 
 
 class Selector:
-    """Plans the pops of one fetch round over ``n`` queues."""
+    """Plans the pops of one fetch round over ``n`` queues; ``shards``: the indices of
+    each queue's sub-queues (the pops name sub-queues; default: one each, index = queue)."""
 
-    def __init__(self, n: int, order: str, weights: tuple[int, ...], fetch_batch: int) -> None:
+    def __init__(self, n: int, order: str, weights: tuple[int, ...], fetch_batch: int,
+                 shards: list[list[int]] | None = None) -> None:
         self.n = n
         self.strict = order == "strict"
         self.weights = weights if weights and len(set(weights)) > 1 else ()
         """Empty: plain rotation (equal weights rotate exactly like no weights)."""
         self.fetch_batch = fetch_batch
+        self.shards = shards or [[i] for i in range(n)]
+        self._base = {s: b for b, subs in enumerate(self.shards) for s in subs}
         self._rotation = 0
         self._credit = [0.0] * n
         self._dry = [False] * n
+        self._sdry = dict.fromkeys(self._base, False)
+        """Per sub-queue: its last pop came back short."""
+        self._srot = [0] * n
+        self._round: dict[int, list[int]] = {}
+        """Per queue, [asked, got] over its sub-queues in the current round."""
 
     def plan(self, free: int, among: list[int] | None = None) -> list[tuple[int, int]]:
-        """(queue index, jobs wanted) for a pipelined round, in pop order; ``among``:
-        only these queues (a retry after a round that found nothing in the queues it
+        """(sub-queue index, jobs wanted) for a pipelined round, in pop order; ``among``:
+        only these sub-queues (a retry after a round that found nothing in the ones it
         asked). Strict order is planned by the caller queue by queue
-        (``strict_want``)."""
+        (``strict_order``, ``strict_want``)."""
         n = self.n
+        self._round = {}
         self._rotation = (self._rotation + 1) % n
         rotated = [(self._rotation + i) % n for i in range(n)]
-        order = rotated if among is None else [i for i in rotated if i in among]
+        subs = {b: self._subs(b, among) for b in rotated}
+        order = [b for b in rotated if subs[b]]
         if not self.weights:
-            share = max(1, min(self.fetch_batch, -(-free // len(order))))
-            out = []
-            for i in order:
-                want = min(share, free)
+            out: list[tuple[int, int]] = []
+            share = max(1, -(-free // len(order)))
+            for b in order:
+                want = min(share, free, self.fetch_batch * len(subs[b]))
                 free -= want
-                out.append((i, want))
+                out += self._split(b, subs[b], want)
             return out
-        return self._weighted(free, order)
+        return [x for b, want in self._weighted(free, order, subs)
+                for x in self._split(b, subs[b], want)]
 
-    def _weighted(self, free: int, order: list[int]) -> list[tuple[int, int]]:
+    def _subs(self, b: int, among: list[int] | None) -> list[int]:
+        """Queue ``b``'s sub-queues in this round's turn (``among`` only), those that
+        came back full first."""
+        subs = self.shards[b]
+        if len(subs) == 1:
+            return [s for s in subs if among is None or s in among]
+        r = self._srot[b] % len(subs)
+        turn = [s for s in subs[r:] + subs[:r] if among is None or s in among]
+        return [s for s in turn if not self._sdry[s]] + [s for s in turn if self._sdry[s]]
+
+    def _split(self, b: int, subs: list[int], want: int) -> list[tuple[int, int]]:
+        """Queue ``b``'s ``want`` over its sub-queues ``subs`` (see the module doc)."""
+        if len(self.shards[b]) == 1:
+            return [(subs[0], want)]
+        full = [s for s in subs if not self._sdry[s]]
+        if not full:
+            # every shard came back short last time: ask each (evenly), in one round
+            k = max(1, min(len(subs), want))
+        else:
+            k = min(len(subs), max(1, -(-want // self.fetch_batch)))
+        out, left = [], want
+        for j, s in enumerate(subs[:k]):
+            part = -(-left // (k - j))
+            out.append((s, part))
+            left -= part
+        if full and k < len(subs) and self._sdry[subs[-1]] and want > len(out):
+            # a probe of one shard that came back short: new work there is found soon
+            s = subs[-1]
+            out[0] = (out[0][0], out[0][1] - 1)
+            out.append((s, 1))
+        self._srot[b] += k
+        return [x for x in out if x[1] > 0] or out[:1]
+
+    def strict_order(self) -> list[int]:
+        """Strict order: the sub-queues in the order their queues were given, each
+        queue's shards in turn."""
+        self._round = {}
+        return [s for b in range(self.n) for s in self._subs_strict(b)]
+
+    def _subs_strict(self, b: int) -> list[int]:
+        subs = self._subs(b, None)
+        self._srot[b] += 1
+        return subs
+
+    def _weighted(self, free: int, order: list[int], subs: dict[int, list[int]]
+                  ) -> list[tuple[int, int]]:
         w = self.weights
+        cap = {i: self.fetch_batch * len(subs[i]) for i in order}
         active = [i for i in order if not self._dry[i]] or order
         wants = dict.fromkeys(order, 0)
         left = free
@@ -89,14 +155,14 @@ class Selector:
                 left -= 1
         total_w = sum(w[i] for i in active)
         shares = {i: left * w[i] / total_w for i in active}
-        top = max(shares.values())
-        if top > self.fetch_batch:
+        top = max(x / cap[i] for i, x in shares.items())
+        if top > 1:
             # one pop takes at most fetch_batch: shrink every share alike, so the
             # proportions hold (the rest is taken next round)
-            shares = {i: x * self.fetch_batch / top for i, x in shares.items()}
+            shares = {i: x / top for i, x in shares.items()}
         for i in active:
             exact = shares[i] + self._credit[i]
-            want = min(self.fetch_batch, math.floor(exact))
+            want = min(cap[i], math.floor(exact))
             # carry the fraction (never a debt, never more than a job's worth beyond
             # what the round's end could not give: see below)
             self._credit[i] = min(1.0, max(0.0, exact - want))
@@ -118,6 +184,11 @@ class Selector:
         return min(free, self.fetch_batch)
 
     def came_back(self, index: int, asked: int, got: int) -> None:
-        """A pop of queue ``index`` asked for ``asked`` jobs and returned ``got``."""
+        """A pop of sub-queue ``index`` asked for ``asked`` jobs and returned ``got``."""
         if asked > 0:
-            self._dry[index] = got < asked
+            self._sdry[index] = got < asked
+            b = self._base[index]
+            tally = self._round.setdefault(b, [0, 0])
+            tally[0] += asked
+            tally[1] += got
+            self._dry[b] = tally[1] < tally[0]

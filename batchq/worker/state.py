@@ -24,6 +24,7 @@ import redis
 from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import RedisClusterException
 
+from .. import shards
 from ..codec import Job
 from ..exitcodes import EXIT_OK
 from ..keys import QueueKeys
@@ -204,17 +205,22 @@ class State:
     def __init__(self, app: App, settings: WorkerSettings, worker_id: str | None) -> None:
         self.app = app
         self.settings = s = settings
-        names = s.queues or tuple(app.queues()) or ("default",)
-        self.queues: tuple[QueueKeys, ...] = tuple(app.keys(q) for q in names)
-        self.by_name: dict[str, QueueKeys] = {k.queue: k for k in self.queues}
+        self.names: tuple[str, ...] = s.queues or tuple(app.queues()) or ("default",)
+        """The queues served, as given (a sharded one once: ``shards``)."""
+        self.queues: tuple[QueueKeys, ...] = ()
+        """The sub-queues popped: every shard of each queue (``set_shards``)."""
+        self.shards: list[list[int]] = []
+        """Per queue of ``names``, the indices of its sub-queues in ``queues``."""
+        self.by_name: dict[str, QueueKeys] = {}
+        self.held: dict[str, dict[bytes, Job]] = {}
+        """Leases this process holds whose outcome is not buffered yet, per sub-queue."""
+        self.buf: dict[str, Buffers] = {}
+        self.set_shards({n: shards.expand([n], app.clients.shards, {}) for n in self.names})
         self.worker_id = worker_id or f"{os.uname().nodename}:{os.getpid()}"
         self.counters = Counters()
         self.tasks: dict[str, Task[..., Any]] = app.tasks
         self.work: collections.deque[Job | list[Job]] = collections.deque()
         """Jobs fetched, not started (batch jobs grouped in lists)."""
-        self.held: dict[str, dict[bytes, Job]] = {k.queue: {} for k in self.queues}
-        """Leases this process holds whose outcome is not buffered yet, per queue."""
-        self.buf: dict[str, Buffers] = {k.queue: Buffers() for k in self.queues}
         self.interrupted: list[Job] = []
         """Jobs whose run a stop cancelled: given back with release.lua."""
         self.in_flight = 0
@@ -246,6 +252,31 @@ class State:
         self.due_campaigns: set[str] = set()
         """Campaigns whose last pending job on a queue settled in this process's pop,
         ack or nack: ``campaigns.FollowUp`` tries to complete them."""
+
+    def set_shards(self, subs: dict[str, list[str]]) -> bool:
+        """Serve these sub-queues of each queue of ``names`` (shards only ever added:
+        a shard is served until the worker stops). True when one was added."""
+        names = list(dict.fromkeys(k.queue for k in self.queues))
+        groups: list[list[int]] = []
+        for n in self.names:
+            mine = []
+            for sub in subs.get(n, [n]):
+                if sub not in names:
+                    names.append(sub)
+                mine.append(names.index(sub))
+            for i in (self.shards[len(groups)] if self.shards else ()):
+                if i not in mine:
+                    mine.append(i)
+            groups.append(sorted(mine))
+        if len(names) == len(self.queues) and groups == self.shards:
+            return False
+        self.queues = tuple(self.app.keys(q) for q in names)
+        self.by_name = {k.queue: k for k in self.queues}
+        self.shards = groups
+        for k in self.queues:
+            self.held.setdefault(k.queue, {})
+            self.buf.setdefault(k.queue, Buffers())
+        return True
 
     async def open(self) -> None:
         """Create what lives on the loop: events and the Redis clients."""

@@ -30,21 +30,25 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from .. import periodic
+from .. import periodic, shards
 from ..exitcodes import EXIT_ERROR, EXIT_RECYCLED
-from ..keys import QueueKeys, queues_key
+from ..keys import QueueKeys, queues_key, shards_key
 from .campaigns import FollowUp
 from .fetch import Fetcher
 from .leases import Leases
 from .outcomes import Outcomes
 from .registry import Registry
 from .run import Runners
-from .state import METRICS_EVERY_S, STOP_GRACE_S, Counters, State, WorkerSettings
+from .state import METRICS_EVERY_S, REDIS_ERRORS, STOP_GRACE_S, Counters, State, WorkerSettings
 
 if TYPE_CHECKING:
     from ..app import App
 
 log = logging.getLogger("batchq.worker")
+
+SHARDS_EVERY_S = 10.0
+"""How often a worker looks for shards of its queues beyond those it serves (another
+process raised a queue's shard count): one ``ZMSCORE``."""
 
 SCHEDULER_STOP_S = 3.0
 """How long a stop waits for the periodic scheduler to hand its leadership over (its
@@ -140,6 +144,7 @@ class Worker:
             asyncio.create_task(self.registry.heartbeat_loop(), name="batchq-heartbeat"),
             asyncio.create_task(self._metrics_loop(), name="batchq-metrics"),
             asyncio.create_task(self.followup.loop(), name="batchq-campaigns"),
+            asyncio.create_task(self._shards_loop(), name="batchq-shards"),
         ]
         # every process runs the scheduler, one of them leads; a burst worker exits
         # when drained, so it never takes a leadership it would drop at once
@@ -186,8 +191,25 @@ class Worker:
     async def _startup(self) -> None:
         """Register the queues; a Redis that cannot be reached fails the start."""
         st = self.state
+        ns = self.app.namespace
         try:
-            await st.redis.sadd(queues_key(self.app.namespace), *(k.queue for k in st.queues))
+            bases = list(dict.fromkeys(shards.base_of(n) for n in st.names))
+            plain = [n for n in st.names if not shards.split_shard(n)[1]]
+            pipe = st.redis.pipeline(transaction=False)
+            pipe.sadd(queues_key(ns), *bases)
+            counts = {b: n for b in bases if (n := self.app.clients.shards.count(b)) > 1}
+            if counts:
+                # a worker configured with shards=N announces them, so every other
+                # worker serves them too (only ever raised)
+                pipe.zadd(shards_key(ns), counts, gt=True)
+            if plain:
+                pipe.zmscore(shards_key(ns), plain)
+            res = await pipe.execute(raise_on_error=False)
+            if plain:
+                self._serve_shards(shards.counts_of(plain, res[-1]))
+            for r in res:
+                if isinstance(r, redis.ResponseError):
+                    raise r
         except redis.ResponseError as exc:
             # e.g. a full Redis refusing the write: the registry is informational, and a
             # worker is what drains a full Redis, so start anyway
@@ -195,6 +217,32 @@ class Worker:
         s = self.settings
         log.info("worker %s serving %s (concurrency %d, lease %.0fs)", st.worker_id,
                  ",".join(k.queue for k in st.queues), s.concurrency, s.lease_s)
+
+    async def _find_shards(self) -> None:
+        """Serve every shard the registry knows of (a count lowered since, or raised by
+        another process): the old shards keep draining."""
+        st = self.state
+        plain = [n for n in st.names if not shards.split_shard(n)[1]]
+        self._serve_shards(await shards.aknown(st.redis, self.app.namespace, plain))
+
+    def _serve_shards(self, known: dict[str, int]) -> None:
+        st = self.state
+        subs = {n: shards.expand([n], self.app.clients.shards, known) for n in st.names}
+        if st.set_shards(subs):
+            self.fetcher.resize()
+            log.info("serving %d sub-queues: %s", len(st.queues),
+                     ",".join(k.queue for k in st.queues))
+
+    async def _shards_loop(self) -> None:
+        st = self.state
+        while not st.closing:
+            await st.sleep_unless_closed(SHARDS_EVERY_S)
+            if st.closing:
+                return
+            try:
+                await self._find_shards()
+            except REDIS_ERRORS as exc:
+                log.debug("shard registry not read (%s)", exc)
 
     async def _metrics_loop(self) -> None:
         """Bucket the runners' raw figures every ``FOLD_EVERY_S``, publish them to
