@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -189,6 +189,16 @@ def children(pid: int) -> set[int]:
             if st is not None and st[1] == pid and st[0] != "Z":
                 out.add(int(entry))
     return out
+
+
+def app_in_namespace(make: Callable[[str, str], Any], redis_url: str, namespace: str,
+                     r: Any) -> Iterator[Any]:
+    """The body of an ``app`` fixture: ``make(redis_url, namespace)``, closed and its
+    namespace's keys deleted at teardown."""
+    a = make(redis_url, namespace)
+    yield a
+    a.close()
+    drop_namespace(r, namespace)
 
 
 def drop_namespace(r: Any, namespace: str) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import msgpack
 import pytest
 import redis
-from helpers import drop_namespace
+from helpers import app_in_namespace
 
 import batchq
 
@@ -37,10 +37,7 @@ def make_app(url: str, ns: str) -> batchq.App:
 
 @pytest.fixture
 def app(redis_url: str, namespace: str, redis_client: redis.Redis) -> Iterator[batchq.App]:
-    a = make_app(redis_url, namespace)
-    yield a
-    a.close()
-    drop_namespace(redis_client, namespace)
+    yield from app_in_namespace(make_app, redis_url, namespace, redis_client)
 
 
 @pytest.fixture

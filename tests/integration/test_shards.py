@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import redis
-from helpers import drop_namespace, wait_until
+from helpers import app_in_namespace, drop_namespace, wait_until
 
 import batchq
 from batchq import overview
@@ -38,10 +38,7 @@ def make_app(url: str, ns: str, shards: int | None = N_SHARDS) -> batchq.App:
 
 @pytest.fixture
 def app(redis_url: str, namespace: str, redis_client: redis.Redis) -> Iterator[batchq.App]:
-    a = make_app(redis_url, namespace)
-    yield a
-    a.close()
-    drop_namespace(redis_client, namespace)
+    yield from app_in_namespace(make_app, redis_url, namespace, redis_client)
 
 
 def drain(app: batchq.App, *queues: str, **kw: object) -> int:
