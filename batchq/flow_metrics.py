@@ -51,8 +51,10 @@ def queue_families(snaps: Sequence[Snapshot]) -> list[Any]:
     return [grouped, groups, held]
 
 
-def limit_families(client: redis.Redis, queues: Sequence[QueueKeys]) -> Iterable[Any]:
-    """The per-limit gauges (see the module docstring)."""
+def limit_families(client: redis.Redis, queues: dict[str, Sequence[QueueKeys]]
+                   ) -> Iterable[Any]:
+    """The per-limit gauges (see the module docstring); ``queues``: each queue's shards'
+    keys (one entry for a queue that is not sharded), reported as one queue."""
     from prometheus_client.core import GaugeMetricFamily
 
     used = GaugeMetricFamily(
@@ -69,7 +71,7 @@ def limit_families(client: redis.Redis, queues: Sequence[QueueKeys]) -> Iterable
         "may start a job again (the end of a hold from RateLimited, or its next rate "
         f"token), for such groups waiting now (at most {CAP} groups per queue)",
         labels=["queue", "group"])
-    flows = flow_view.read(client, queues, groups=0, limits=CAP)
+    flows = flow_view.read_shards(client, queues, groups=0, limits=CAP)
     for name, flow in flows.items():
         for u in flow.limits:
             lim = u.limit

@@ -254,3 +254,61 @@ def info(flow: Flow | None, st: QueueStats) -> dict[str, Any] | None:
                             "until_s": round(g.until_s, 3), "pending": g.pending,
                             "running": g.running} for g in flow.waiting],
     }
+
+
+_STATE_RANK = {"blocked": 3, "waiting": 2, "ready": 1, "idle": 0, "": -1}
+"""Which state of a group limit a merged view shows when shards disagree: a group lives
+in one shard, so the others see it idle."""
+
+
+def read_shards(client: redis.Redis, queues: dict[str, Sequence[QueueKeys]], *,
+                groups: int = WAITING_SHOWN, limits: int = LIMITS_SHOWN) -> dict[str, Flow]:
+    """``read`` for queues given as their shards (``batchq.shards``: a queue name -> the
+    keys of each of its shards, shard 0 first), each reported as one queue: the same
+    two round trips for all of them."""
+    flat = [k for ks in queues.values() for k in ks]
+    flows = read(client, flat, groups=groups, limits=limits)
+    return {name: merge(name, [flows[k.queue] for k in ks if k.queue in flows], groups)
+            for name, ks in queues.items()}
+
+
+def merge(name: str, parts: Sequence[Flow], groups: int = WAITING_SHOWN) -> Flow:
+    """The ``Flow`` of a sharded queue from its shards': every shard has the same limits
+    (``Queue.limit`` writes them to all), so a limit's running and pending counts are
+    summed and its state is the busiest shard's; the waiting groups of all shards (one
+    row per group, its counts summed), blocked first, then the longest held, at most
+    ``groups``."""
+    if len(parts) == 1:
+        only = parts[0]
+        return only if only.queue == name else Flow(name, only.limits, only.limits_total,
+                                                    only.waiting)
+    uses: dict[str | None, LimitUse] = {}
+    for part in parts:
+        for u in part.limits:
+            had = uses.get(u.limit.group)
+            if had is None:
+                uses[u.limit.group] = u
+                continue
+            keep = u if _STATE_RANK.get(u.state, -1) > _STATE_RANK.get(had.state, -1) \
+                else had
+            uses[u.limit.group] = LimitUse(
+                had.limit, running=_add(had.running, u.running),
+                pending=_add(had.pending, u.pending), state=keep.state, until_s=keep.until_s)
+    by_group: dict[str, GroupState] = {}
+    for part in parts:
+        for gs in part.waiting:  # a hold of a sharded queue's group is set on every shard
+            seen = by_group.get(gs.group)
+            if seen is not None:
+                top = gs if _STATE_RANK.get(gs.state, -1) > _STATE_RANK.get(seen.state, -1) \
+                    else seen
+                gs = GroupState(gs.group, seen.pending + gs.pending,
+                                seen.running + gs.running, top.state,
+                                max(seen.until_s, gs.until_s))
+            by_group[gs.group] = gs
+    waiting = sorted(by_group.values(), key=lambda w: (w.state != "blocked", -w.until_s))
+    return Flow(name, list(uses.values()), max((p.limits_total for p in parts), default=0),
+                waiting[:groups])
+
+
+def _add(a: int | None, b: int | None) -> int | None:
+    return a if b is None else b if a is None else a + b

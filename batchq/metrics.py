@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import flow_metrics, periodic, stats
+from . import flow_metrics, periodic, shards, stats
 from .clients import Clients
 from .keys import SHARD_SEP
 
@@ -368,7 +368,8 @@ class QueueCollector:
         yield from (jobs, age, lag, paused, malformed, enq, handed, done, bad_names, up)
         yield from flow_metrics.queue_families(snaps)
         try:  # limits and the groups that wait; never at the cost of the above
-            fams = flow_metrics.limit_families(c.redis, [c.keys(s.name) for s in snaps])
+            fams = flow_metrics.limit_families(c.redis, {
+                s.name: [c.keys(x) for x in shards.names(s.name, s.shards)] for s in snaps})
         except Exception as exc:
             log.warning("cannot read the flow-control metrics from Redis: %s", exc)
         else:

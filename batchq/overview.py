@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from . import flow_view, stats
+from . import flow_view, shards, stats
 from .periodic import periodic_status
 from .stats import QueueStats
 from .worker import registry as worker_registry
@@ -119,7 +119,9 @@ def snapshot(app: App, app_queues: Iterable[str] = ()) -> dict[str, Any]:
     first (``flow_view.info``)."""
     names, bad = _names(app, app_queues)
     views = read_queues(app, names) if names else {}
-    flows = flow_view.read(app.redis, [app.keys(n) for n in names]) if names else {}
+    flows = flow_view.read_shards(app.redis, {
+        n: [app.keys(s) for s in shards.names(n, views[n].shards)] for n in names}
+        ) if names else {}
     queues = {n: views[n].info() for n in names}
     for n in names:
         flow = flow_view.info(flows.get(n), views[n].stats)

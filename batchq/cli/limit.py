@@ -145,7 +145,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         err(f"batchq limit list: the limit of {shown} is not a valid limit "
             "(written by hand?); skipped: batchq limit set or rm replaces it")
     st = q.stats()
-    flow = flow_view.read(t.app.redis, [q.keys], groups=args.groups)[q.name]
+    flow = flow_view.read_shards(t.app.redis, {q.name: [x.keys for x in q.shards()]},
+                                 groups=args.groups)[q.name]
     use = {u.limit.group: u for u in flow.limits}
 
     def row(lim: Limit) -> dict[str, Any]:

@@ -220,7 +220,7 @@ def test_limits_and_groups_written_by_hand_never_crash(app: batchq.App, queue_na
     snap = json.loads(cli(["info", "--json"], env).stdout)
     assert snap["queues"][queue_name]["flow"]["limits_total"] == 4
     cli(["info"], env)
-    fams = {f.name: f for f in flow_metrics.limit_families(app.redis, [k])}
+    fams = {f.name: f for f in flow_metrics.limit_families(app.redis, {k.queue: [k]})}
     assert [s.labels["group"] for s in fams["batchq_limit_concurrency_used_ratio"].samples] \
         == ["ok"]
 
@@ -228,6 +228,6 @@ def test_limits_and_groups_written_by_hand_never_crash(app: batchq.App, queue_na
     app.redis.set(k.gwait, "not a zset")
     app.redis.set(k.limits, "not a hash")
     cli(["info", "--json"], env)
-    assert list(flow_metrics.limit_families(app.redis, [k]))
+    assert list(flow_metrics.limit_families(app.redis, {k.queue: [k]}))
     res = cli(["limit", "list", queue_name], env, code=1)
     assert "WRONGTYPE" in res.stderr

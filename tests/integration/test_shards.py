@@ -257,3 +257,40 @@ def test_results_and_metrics_see_one_queue(redis_url, namespace, redis_client):
     finally:
         app.close()
         drop_namespace(redis_client, namespace)
+
+
+def test_the_flow_view_of_a_sharded_queue_covers_every_shard(app: batchq.App,
+                                                              redis_client: redis.Redis) -> None:
+    """``batchq info`` / ``/api/info``, ``batchq limit list`` and the limit gauges read
+    the flow of every shard: groups that wait in shard 2 and shard 3 are both listed,
+    and a limit's pending count is the sum over the shards."""
+    from batchq import flow_view, shards
+
+    by_shard: dict[int, str] = {}
+    for i in range(200):
+        by_shard.setdefault(shards.stable(f"g{i}", N_SHARDS), f"g{i}")
+    a, b = by_shard[2], by_shard[3]  # two groups that live in two other shards than 0
+    q = app.queue("hot")
+    q.limit(group=a, rate_per_s=5)
+    q.limit(group=b, rate_per_s=5)
+    send = app.tasks["send"]
+    send.options(group=a).enqueue_many(range(3))
+    send.options(group=b).enqueue_many(range(3, 8))
+    q.hold(600, group=a)
+    q.hold(300, group=b)
+
+    snap = overview.snapshot(app)
+    flow = snap["queues"]["hot"]["flow"]
+    waiting = {w["group"]: w for w in flow["waiting_groups"]}
+    assert set(waiting) == {a, b}
+    assert [w["group"] for w in flow["waiting_groups"]] == [a, b]  # longest hold first
+    assert waiting[a]["state"] == waiting[b]["state"] == "waiting"
+    limits = {row["group"]: row for row in flow["limits"]}
+    assert limits[a]["pending"] == 3 and limits[b]["pending"] == 5
+    assert limits[a]["state"] == "waiting" and 590 < limits[a]["until_s"] <= 600
+
+    # the same merge behind the limit gauges and `batchq limit list`
+    keys = {"hot": [s.keys for s in q.shards()]}
+    merged = flow_view.read_shards(app.redis, keys)["hot"]
+    assert {g.group for g in merged.waiting} == {a, b}
+    assert flow_view.read_shards(app.redis, keys, groups=1)["hot"].waiting[0].group == a
