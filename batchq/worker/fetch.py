@@ -422,10 +422,12 @@ class Fetcher:
             return
         try:
             res = await st.bredis.blpop(keys, timeout=st.settings.max_block_s)
-        except REDIS_ERRORS as exc:
-            # any failure (a lost connection, NOPERM, a slot moving) ends this wait
-            # after a pause: never a tight loop, never an unretrieved task exception
-            log.warning("blocking wait failed (%s)", exc)
+        except Exception as exc:
+            # any failure (a lost connection, NOPERM, a slot moving; or redis-py's
+            # cluster client racing on a connection it is resetting, which raised an
+            # AttributeError once) ends this wait after a pause: never a tight loop,
+            # never an unretrieved task exception
+            log.warning("blocking wait failed (%s: %s)", type(exc).__name__, exc)
             await asyncio.sleep(0.5)
             return
         if res is None:
