@@ -130,7 +130,9 @@ def test_idle_worker_blocks_instead_of_polling(app, queue_name, start_worker, ru
     r = redis_client
     before_worker = {int(c["id"]) for c in r.client_list()} | {int(r.client_id())}
     start_worker(queue_name)
-    time.sleep(0.5)  # let the startup (queue registration, first pop, BLPOP) settle
+    # let the startup settle (queue and shard registration, first pop, BLPOP; slower on a
+    # loaded box, where 0.5 s once left startup commands inside the window)
+    time.sleep(1.5)
 
     c0, s0 = _client_cmds(r, before_worker), _commandstats(r)
     window = 3.0
