@@ -20,9 +20,8 @@ Hand-off: a pop that finds nothing also registers the worker as idle on that que
 (``pop.lua``), and an enqueue that finds registrations leases its first jobs to them and
 pushes the leased entries themselves on the wake list (``enqueue.lua``). The BLPOP that
 wakes the worker then carries its job: no pop round trip between enqueue and start. A
-handed job is accepted even if the worker got busy meanwhile; a stopping worker puts it
-back at the head of the wake list (any pop of the queue claims it; its lease covers it
-if nobody does).
+handed job is accepted even if the worker got busy meanwhile; a paused or stopping
+worker gives it back to the head of its ready list (``release.lua``, attempt refunded).
 
 In burst mode the loop ends once nothing is in flight and every served queue is empty
 (exit 0), or when the only jobs left sit in paused queues (``EXIT_STALLED``: waiting
