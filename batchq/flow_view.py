@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
@@ -289,8 +289,7 @@ def merge(name: str, parts: Sequence[Flow], groups: int = WAITING_SHOWN) -> Flow
             if had is None:
                 uses[u.limit.group] = u
                 continue
-            keep = u if _STATE_RANK.get(u.state, -1) > _STATE_RANK.get(had.state, -1) \
-                else had
+            keep = _busier(had, u)
             uses[u.limit.group] = LimitUse(
                 had.limit, running=_add(had.running, u.running),
                 pending=_add(had.pending, u.pending), state=keep.state, until_s=keep.until_s)
@@ -299,8 +298,7 @@ def merge(name: str, parts: Sequence[Flow], groups: int = WAITING_SHOWN) -> Flow
         for gs in part.waiting:  # a hold of a sharded queue's group is set on every shard
             seen = by_group.get(gs.group)
             if seen is not None:
-                top = gs if _STATE_RANK.get(gs.state, -1) > _STATE_RANK.get(seen.state, -1) \
-                    else seen
+                top = _busier(seen, gs)
                 gs = GroupState(gs.group, seen.pending + gs.pending,
                                 seen.running + gs.running, top.state,
                                 max(seen.until_s, gs.until_s))
@@ -308,6 +306,17 @@ def merge(name: str, parts: Sequence[Flow], groups: int = WAITING_SHOWN) -> Flow
     waiting = sorted(by_group.values(), key=lambda w: (w.state != "blocked", -w.until_s))
     return Flow(name, list(uses.values()), max((p.limits_total for p in parts), default=0),
                 waiting[:groups])
+
+
+_S = TypeVar("_S", LimitUse, GroupState)
+
+
+def _busier(seen: _S, other: _S) -> _S:
+    """Of two shards' views of one limit or group, the one whose state ranks higher
+    (``_STATE_RANK``); the first on a tie."""
+    if _STATE_RANK.get(other.state, -1) > _STATE_RANK.get(seen.state, -1):
+        return other
+    return seen
 
 
 def _add(a: int | None, b: int | None) -> int | None:
