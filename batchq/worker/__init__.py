@@ -3,7 +3,8 @@
 A job meets them in this order:
 
 * ``state.py``    the shared state, the settings (``WorkerSettings``), the buffers;
-* ``fetch.py``    pop (``pop.lua``), accept into the process, idle wait, wake tokens;
+* ``fetch.py``    pop (``pop.lua``), accept into the process, the burst end;
+* ``wake.py``     the idle wait on wake tokens and handed-off jobs, hand-off withdrawal;
 * ``run.py``      runners, the sync pool, batch grouping, timeouts, hostile handlers,
                   recovered jobs run alone;
 * ``outcomes.py`` settle into buffers, flush acks / retries / dead letters with retry;

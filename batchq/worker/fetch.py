@@ -11,17 +11,14 @@ queue after queue in strict order: ``selection``) pops and reserves jobs, promot
 delayed jobs and reaps expired leases. A failed pop backs off from 0.1 s to 5 s and
 never crashes the worker.
 
-When no queue has work the fetcher blocks (``BLPOP`` on the queues' wake lists, on its
-own connection) until an enqueue wakes it, the next delayed job is due, a lease
-expires, ``max_block_s`` passes, or a stop. A token that arrives while the worker is
-busy is passed on to another idle worker.
+When no queue has work the fetcher waits idle (``wake.Waiter``: a BLPOP on the queues'
+wake lists) until an enqueue wakes it, the next delayed job is due, a lease expires,
+``max_block_s`` passes, or a stop.
 
 Hand-off: a pop that finds nothing also registers the worker as idle on that queue
 (``pop.lua``), and an enqueue that finds registrations leases its first jobs to them and
 pushes the leased entries themselves on the wake list (``enqueue.lua``). The BLPOP that
-wakes the worker then carries its job: no pop round trip between enqueue and start. A
-handed job is accepted even if the worker got busy meanwhile; a paused or stopping
-worker gives it back to the head of its ready list (``release.lua``, attempt refunded).
+wakes the worker then carries its job: no pop round trip between enqueue and start.
 
 In burst mode the loop ends once nothing is in flight and every served queue is empty
 (exit 0), or when the only jobs left sit in paused queues (``EXIT_STALLED``: waiting
@@ -30,14 +27,10 @@ would never end).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import math
 import time
 from typing import Any
-
-from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from .. import codec
 from ..codec import Job
@@ -48,6 +41,7 @@ from ..scripts import arun_pipeline, calls
 from .outcomes import Outcomes
 from .selection import Selector
 from .state import BURST_POLL_S, PROMOTE_CHUNK, REDIS_ERRORS, State
+from .wake import Waiter
 
 log = logging.getLogger("batchq.worker")
 
@@ -68,7 +62,7 @@ class Fetcher:
         self.st = state
         self.out = outcomes
         s = state.settings
-        self._by_wake: dict[str, QueueKeys] = {}
+        self.waiter = Waiter(state, self.accept)
         self.resize()
         self._tried: set[int] = set()
         """Queues asked for jobs (and found empty) since the last pop that got some: the
@@ -86,17 +80,9 @@ class Fetcher:
         self._limit_key: tuple[float | None, float] = (-1.0, -1.0)
         self._limit = 0
         """``limit()`` and what it was computed from (``run_s``, ``_rtt_s``)."""
-        self._idle = False
-        self._me = state.worker_id
-        """This worker's name in the queues' hand-off registrations (``pop.lua``)."""
         self._idle_ms = int((s.max_block_s + 1) * 1000)
         """A registration lapses this long after the empty pop that made it: a little
         after the blocking wait that follows it ends."""
-        self._registered = True
-        """False from a fetch pause until the next pop (which registers again)."""
-        self._blpop: asyncio.Task[Any] | None = None
-        self._wake_tasks: dict[str, asyncio.Task[None]] = {}
-        """Cluster mode: one blocking wait per wake list, kept across idle waits."""
 
     def resize(self) -> None:
         """(Re)plan over ``state.queues``: at start, and when a queue gained shards."""
@@ -104,7 +90,7 @@ class Fetcher:
         self.selector = Selector(len(st.names), s.order, s.weights, s.fetch_batch,
                                  st.shards)
         self._index = {k.queue: i for i, k in enumerate(st.queues)}
-        self._by_wake = {k.wake: k for k in st.queues}
+        self.waiter.resize()
         self._tried = set()
 
     def limit(self) -> int:
@@ -144,9 +130,9 @@ class Fetcher:
         pause = 0.0
         while not st.stopping:
             if st.fetch_paused:
-                if self._registered:
+                if self.waiter.registered:
                     # a paused worker takes nothing: no job may be handed to it
-                    await self.withdraw()
+                    await self.waiter.withdraw()
                     log.info("fetching paused")
                 st.room.clear()
                 await st.room.wait()
@@ -187,7 +173,7 @@ class Fetcher:
                 if st.in_flight:
                     # this process's last jobs are running: pop again as soon as they
                     # have all settled (they may have made retries due), not a poll later
-                    await self.idle_wait(min(wait_s, BURST_POLL_S), settled=True)
+                    await self.waiter.wait(min(wait_s, BURST_POLL_S), settled=True)
                     continue
                 try:
                     # our own acks first, so the check below does not see our leases
@@ -200,7 +186,7 @@ class Fetcher:
                     break
                 # others' reservations or delayed jobs remain: look again soon
                 wait_s = min(wait_s, BURST_POLL_S)
-            await self.idle_wait(wait_s)
+            await self.waiter.wait(wait_s)
 
     async def pop(self, free: int) -> tuple[int, float]:
         """Pop from the served queues (``selection``: rotating, weighted or strict);
@@ -275,8 +261,8 @@ class Fetcher:
             return exc
 
     def _pop_call(self, k: QueueKeys, want: int, lease_ms: int) -> calls.Call:
-        self._registered = True
-        return calls.pop(k, want, lease_ms, PROMOTE_CHUNK, self._me, self._idle_ms)
+        self.waiter.registered = True
+        return calls.pop(k, want, lease_ms, PROMOTE_CHUNK, self.st.worker_id, self._idle_ms)
 
     def _take(self, k: QueueKeys, res: list[Any], wait_ms: float) -> tuple[int, float]:
         """Account for one pop reply and accept its jobs: (jobs got, idle wait in ms)."""
@@ -385,113 +371,3 @@ class Fetcher:
                     "stopping with exit code %d", ", ".join(stuck), EXIT_STALLED)
         st.exit_code = EXIT_STALLED
         return True
-
-    async def idle_wait(self, wait_s: float, *, settled: bool = False) -> None:
-        """Block until a wake token, ``wait_s`` elapses, or a stop; with ``settled``,
-        also until every job in this process has settled."""
-        if wait_s <= 0:
-            return
-        st = self.st
-        if self._blpop is None or self._blpop.done():
-            keys = [k.wake for k in st.queues]
-            self._blpop = asyncio.create_task(self._blpop_once(keys))
-        stop = asyncio.ensure_future(st.stop_event.wait())
-        waits: list[asyncio.Future[Any]] = [self._blpop, stop]
-        if settled:
-            waits.append(asyncio.ensure_future(self._all_settled()))
-        self._idle = True
-        try:
-            await asyncio.wait(waits, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            self._idle = False
-            for w in waits[1:]:
-                w.cancel()
-
-    async def _all_settled(self) -> None:
-        """Return once nothing is in flight (``room`` is set at every settle)."""
-        st = self.st
-        while st.in_flight:
-            st.room.clear()
-            await st.room.wait()
-
-    async def _blpop_once(self, keys: list[str]) -> None:
-        st = self.st
-        if len(keys) > 1 and isinstance(st.bredis, AsyncRedisCluster):
-            await self._blpop_each(keys)
-            return
-        try:
-            res = await st.bredis.blpop(keys, timeout=st.settings.max_block_s)
-        except Exception as exc:
-            # any failure (a lost connection, NOPERM, a slot moving; or redis-py's
-            # cluster client racing on a connection it is resetting, which raised an
-            # AttributeError once) ends this wait after a pause: never a tight loop,
-            # never an unretrieved task exception
-            log.warning("blocking wait failed (%s: %s)", type(exc).__name__, exc)
-            await asyncio.sleep(0.5)
-            return
-        if res is None:
-            return
-        key, value = res
-        if value != b"1" and isinstance(value, bytes):
-            # a job handed off by enqueue.lua, leased already: run it, even if busy now
-            # (it was meant for an idle worker); a paused or stopping worker gives it
-            # back to the head of its ready list (release.lua, attempt refunded)
-            k = self._by_wake[key.decode() if isinstance(key, bytes) else key]
-            if st.fetch_paused or st.stopping:
-                _, attempt, _, jid, _ = value.split(b":", 4)
-                try:
-                    await st.scripts.call(calls.release(k, [jid + b":" + attempt]))
-                except REDIS_ERRORS as exc:
-                    log.warning("giving back a handed-off job failed (%s); its lease "
-                                "will expire", exc)
-                return
-            self.accept(k.queue, [value])
-            return
-        if not self._idle or st.fetch_paused or st.stopping:
-            # the token arrived while this worker was busy, paused or stopping: pass it on
-            # to an idle one
-            with contextlib.suppress(*REDIS_ERRORS):
-                await st.redis.rpush(key, "1")
-
-    async def _blpop_each(self, keys: list[str]) -> None:
-        """Cluster mode: a BLPOP over keys of different slots is a CROSSSLOT error, so
-        block on each wake list on its own (one task per queue, each passing on a token
-        that arrives while this worker is busy, as above); return when the first one
-        does. The others keep blocking, ready for the next idle wait."""
-        tasks = self._wake_tasks
-        for key in keys:
-            t = tasks.get(key)
-            if t is None or t.done():
-                tasks[key] = asyncio.create_task(self._blpop_once([key]))
-        try:
-            await asyncio.wait(tasks.values(), return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            for t in tasks.values():
-                t.cancel()
-            raise
-
-    async def withdraw(self) -> None:
-        """Remove this worker's hand-off registrations (a pause, a stop)."""
-        self._registered = False
-        st = self.st
-        lease_ms = int(st.settings.lease_s * 1000)
-        try:
-            pipe = st.redis.pipeline(transaction=False)
-            for k in st.queues:
-                pipe.zrem(k.idle, calls.idle_member(lease_ms, self._me))
-            await asyncio.wait_for(pipe.execute(), 2.0)
-        except (TimeoutError, *REDIS_ERRORS) as exc:
-            # they lapse by themselves within max_block_s; a job handed off meanwhile
-            # is claimed by the next pop of its queue
-            log.debug("withdrawing the idle registrations failed (%s)", exc)
-
-    async def close(self) -> None:
-        """Withdraw the hand-off registrations, then cancel the blocking waits."""
-        await self.withdraw()
-        if self._blpop is not None:
-            self._blpop.cancel()
-            with contextlib.suppress(BaseException):
-                await self._blpop
-        for t in self._wake_tasks.values():
-            t.cancel()
-        await asyncio.gather(*self._wake_tasks.values(), return_exceptions=True)

@@ -298,7 +298,7 @@ class Worker:
     async def _close(self) -> None:
         st = self.state
         await self.registry.unpublish()
-        await self.fetcher.close()
+        await self.fetcher.waiter.close()
         if st.pool is not None:
             st.pool.shutdown(wait=False, cancel_futures=True)
         await st.redis.aclose()

@@ -3,12 +3,18 @@ idle behaviour and enqueue-time validation, with real worker processes."""
 
 from __future__ import annotations
 
+import asyncio
+import math
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from helpers import wait_until
+
+import batchq
+from batchq.worker.registry import REGISTRY_EVERY_S
+from batchq.worker.worker import SHARDS_EVERY_S
 
 from ._support import pending_keys, server_time_s, wait_exit
 
@@ -142,7 +148,14 @@ def test_idle_worker_blocks_instead_of_polling(app, queue_name, start_worker, ru
     if c0 is not None and c1 is not None:
         assert c0, "no worker connection found"
         sent = sum(n - c0.get(i, 0) for i, n in c1.items())
-        assert sent / window <= 2, f"idle worker sent {sent} commands in {window}s"
+        # what an idle worker sends, at most, in the window: its heartbeat (ZADD + EXPIRE
+        # every REGISTRY_EVERY_S), one pop and one BLPOP per max_block_s (5 s), the
+        # shard-count refresh (SHARDS_EVERY_S) and the campaign safety net (>= 7.5 s
+        # apart): 8 in 3 s. A worker polling even 5 times a second sends 15 or more.
+        budget = (2 * math.ceil(window / REGISTRY_EVERY_S) + 2 * math.ceil(window / 5.0)
+                  + math.ceil(window / SHARDS_EVERY_S) + 1)
+        assert sent <= budget, f"idle worker sent {sent} commands in {window}s " \
+                               f"(at most {budget} expected)"
     # INFO commandstats counts the redis.call()s inside scripts as well (an empty pop
     # is ~16 of them), so count the calls that start work: scripts, blocking pops, pings
     entry = {"cmdstat_evalsha", "cmdstat_eval", "cmdstat_blpop", "cmdstat_brpop",
@@ -155,6 +168,43 @@ def test_idle_worker_blocks_instead_of_polling(app, queue_name, start_worker, ru
     app.tasks["noop"].options(queue=queue_name).enqueue("wake")
     run = wait_until(lambda: runs("noop"), timeout_s=5)[0]
     assert run.t - t_enq < 0.2, f"job started {run.t - t_enq:.3f}s after enqueue"
+
+
+def test_a_blocking_wait_that_outlives_its_idle_wait_is_sent_again(app, queue_name,
+                                                                   redis_client):
+    """An idle wait reuses the BLPOP still pending from the one before; when that BLPOP
+    ends on the server's timeout midway, the wait goes on (a new BLPOP) to its own end
+    instead of sending the fetch loop back for a second pop right after the first (an
+    idle worker popped twice per max_block_s before 0.4.1)."""
+    s = batchq.WorkerSettings(queues=(queue_name,), install_signal_handlers=False,
+                              metrics=False, max_block_s=0.5)
+    w = batchq.Worker(app, s)
+
+    async def go() -> tuple[float, float]:
+        st, waiter = w.state, w.fetcher.waiter
+        await st.open()
+        try:
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            await waiter.wait(0.1)  # ends at 0.1 s, its BLPOP (0.5 s) still pending
+            t1 = loop.time()
+            await waiter.wait(1.0)  # that BLPOP times out about 0.4 s in
+            return t1 - t0, loop.time() - t1
+        finally:
+            await waiter.close()
+            await st.redis.aclose()
+            await st.bredis.aclose()
+
+    blpops0 = _commandstats(redis_client).get("cmdstat_blpop", 0)
+    first, second = asyncio.run(go())
+    blpops = _commandstats(redis_client).get("cmdstat_blpop", 0) - blpops0
+    assert 0.09 <= first < 0.4
+    assert second >= 0.95, f"the idle wait ended after {second:.2f}s, not 1 s"
+    assert 2 <= blpops <= 3, blpops
+    # a token still ends it at once
+    redis_client.rpush(app.keys(queue_name).wake, "1")
+    first, second = asyncio.run(go())
+    assert first < 0.09, first
 
 
 def test_unencodable_argument_is_a_clear_error_and_writes_nothing(app, queue_name,
