@@ -239,8 +239,8 @@ async def _with_retry_async(c: Clients, p: Plan, entries: list[bytes]) -> Any:
 class Coalescer:
     """Concurrent ``aenqueue`` calls of one event loop share script calls.
 
-    The first call for a target (queue, priority, delay) starts a write at once; calls
-    that arrive while it is on the wire wait for the next one and go together, up to
+    The first call for a target (queue, priority, delay) writes its job at once itself;
+    calls that arrive while it is on the wire wait for the next one and go together, up to
     ``CHUNK`` jobs per script call. Many coroutines enqueueing one job each then cost one
     round trip per batch instead of one each, with no added latency for a lone caller.
     """
@@ -250,13 +250,25 @@ class Coalescer:
         self._busy: set[Plan] = set()
 
     async def submit(self, c: Clients, p: Plan, entry: bytes) -> None:
+        if p not in self._busy:
+            # a lone caller writes its own job, with no hop through a task and a future
+            # (two loop turns fewer); calls that arrive meanwhile queue up, and a drain
+            # takes them as soon as this write is done (or was cancelled)
+            self._busy.add(p)
+            try:
+                await _with_retry_async(c, p, [entry])
+            finally:
+                if p in self._pending:
+                    asyncio.get_running_loop().create_task(self._drain(c, p))
+                else:
+                    self._busy.discard(p)
+            return
+        # a write of this target is on the wire: its caller (or its drain) starts a
+        # drain for this one once it is done
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         slot = self._pending.get(p)
         if slot is None:
             self._pending[p] = ([entry], [fut])
-            if p not in self._busy:
-                self._busy.add(p)
-                asyncio.get_running_loop().create_task(self._drain(c, p))
         else:
             slot[0].append(entry)
             slot[1].append(fut)

@@ -59,3 +59,30 @@ def test_each_coalesced_caller_gets_its_own_error(namespace) -> None:
     assert all(isinstance(r, batchq.EnqueueError) for r in results)
     assert len({id(r) for r in results}) == 5
     assert all("cannot reach Redis" in str(r) for r in results)
+
+
+def test_callers_queued_behind_a_cancelled_lone_write_still_land(redis_url, namespace) -> None:
+    """The first caller of a target writes its own job; those that arrive while it is on
+    the wire queue behind it. Cancelling that first caller mid-write must not strand them:
+    a drain takes them over."""
+    app = batchq.App(redis_url, namespace=namespace)
+
+    @app.task(queue="mail")
+    async def send(to: str) -> None: ...
+
+    async def main() -> list[str]:
+        first = asyncio.ensure_future(send.aenqueue("first"))
+        await asyncio.sleep(0)  # the first write is on the wire
+        rest = [asyncio.ensure_future(send.aenqueue(f"u{i}")) for i in range(50)]
+        await asyncio.sleep(0)
+        first.cancel()
+        ids = await asyncio.wait_for(asyncio.gather(*rest), 10)
+        # and the coalescer is free again: a later lone call goes straight through
+        ids.append(await asyncio.wait_for(send.aenqueue("after"), 10))
+        await app.aclose()
+        return ids
+
+    ids = asyncio.run(main())
+    assert len(set(ids)) == 51
+    ready = app.queue("mail").stats().ready
+    assert ready in (51, 52)  # the cancelled one may have landed before its cancel
