@@ -1,0 +1,124 @@
+"""``python -m bench.startpath``: where a job's enqueue-to-start time goes, at low rates.
+
+One worker process (``batchq worker startpath_app:app -p 1``, no metrics) and one
+producer process sending ``aenqueue`` calls one by one at each offered rate (open loop).
+For every job it splits the time from just before the producer's call to the handler's
+first line into: the **call** (until ``aenqueue`` returned, on the producer), **to the
+worker** (until the worker process accepted the job: the hand-off's BLPOP reply or a
+pop's), and **in the worker** (from there to the handler). It also reports the share of
+jobs the enqueue handed straight to the blocked worker (the queue's ``handed`` and
+``enqueued`` counters). Medians over ``--repeat`` runs of each run's p50 and p99.
+
+``--trees DIR,DIR``: run the worker and the producer of each tree in turn (a checkout of
+another commit, e.g. ``git archive REV | tar -x -C DIR``), alternating run by run, to
+compare two versions in one sitting. Default: this tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import redis
+
+from batchq.dev.server import EmbeddedServer
+
+HERE = Path(__file__).resolve().parent
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000 if xs else float("nan")
+
+
+def one_run(url: str, tree: Path, rate: float, duration_s: float) -> dict[str, float]:
+    ns = f"sp{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "BATCHQ_REDIS_URL": url, "STARTPATH_NS": ns,
+           "PYTHONPATH": str(HERE)}
+    r = redis.Redis.from_url(url)
+    worker = subprocess.Popen([sys.executable, "-m", "batchq", "worker", "startpath_app:app",
+                               "-q", "startpath", "--no-metrics", "--log-level", "WARNING"],
+                              cwd=tree, env=env)
+    try:
+        deadline = time.time() + 30
+        while not r.sismember(f"{ns}:queues", "startpath"):
+            if time.time() > deadline or worker.poll() is not None:
+                raise RuntimeError(f"the worker of {tree} did not start")
+            time.sleep(0.1)
+        time.sleep(1.0)  # its first pop and BLPOP
+        out = subprocess.run([sys.executable, "-m", "startpath_app", str(rate), str(duration_s)],
+                             cwd=tree, env=env, check=True, capture_output=True, text=True)
+        calls = json.loads(out.stdout)
+        n = len(calls)
+        deadline = time.time() + 30
+        while r.llen(f"{ns}:rows") * 100 < n - 100 and time.time() < deadline:
+            time.sleep(0.1)
+    finally:
+        worker.terminate()
+        worker.wait(30)
+    rows = [tuple(map(float, x.split())) for x in r.lrange(f"{ns}:rows", 0, -1)]
+    rows = rows[1:]  # the warm-up job
+    raw: dict[bytes, bytes] = r.hgetall(f"{ns}:{{{ns}:startpath}}:stats")  # type: ignore[assignment]
+    stats = {k.decode(): int(v) for k, v in raw.items() if v.isdigit()}
+    for k in r.scan_iter(f"{ns}:*"):
+        r.delete(k)
+    to_worker = [got - before for before, got, _ in rows]
+    in_worker = [start - got for _, got, start in rows]
+    total = [start - before for before, _, start in rows]
+    return {"jobs": len(rows), "call_p50": _pct(calls, .5), "call_p99": _pct(calls, .99),
+            "to_worker_p50": _pct(to_worker, .5), "to_worker_p99": _pct(to_worker, .99),
+            "in_worker_p50": _pct(in_worker, .5), "in_worker_p99": _pct(in_worker, .99),
+            "start_p50": _pct(total, .5), "start_p99": _pct(total, .99),
+            "handed_share": stats.get("handed", 0) / max(1, stats.get("enqueued", 1))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.startpath", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rates", default="200,1000", help="offered jobs/s (default 200,1000)")
+    p.add_argument("--duration", type=float, default=4.0, help="seconds per run (default 4)")
+    p.add_argument("--repeat", type=int, default=3, help="runs per rate and tree (default 3)")
+    p.add_argument("--trees", default=str(HERE.parent),
+                   help="checkouts whose batchq runs, alternating (default: this tree)")
+    p.add_argument("--redis-url", default=None, help="default: an embedded Valkey")
+    a = p.parse_args(argv)
+    try:
+        rates = [float(x) for x in a.rates.split(",")]
+    except ValueError:
+        p.error(f"--rates: not a list of numbers: {a.rates!r}")
+    trees = [Path(t).resolve() for t in a.trees.split(",")]
+    for t in trees:
+        if not (t / "batchq").is_dir():
+            p.error(f"--trees: {t} holds no batchq package")
+    server = None if a.redis_url else EmbeddedServer().start()
+    url = a.redis_url or server.url  # type: ignore[union-attr]
+    res: dict[tuple[Path, float], list[dict[str, float]]] = {}
+    try:
+        for rate in rates:
+            for _ in range(a.repeat):
+                for t in trees:
+                    res.setdefault((t, rate), []).append(one_run(url, t, rate, a.duration))
+    finally:
+        if server is not None:
+            server.stop()
+    cols = ["start", "call", "to_worker", "in_worker"]
+    print("| tree | jobs/s | " + " | ".join(f"{c.replace('_', ' ')} p50 / p99 (ms)"
+                                             for c in cols) + " | handed |")
+    print("|---|---|" + "---|" * len(cols) + "---|")
+    for (t, rate), runs in res.items():
+        def med(k: str, runs: list[dict[str, float]] = runs) -> float:
+            return float(statistics.median(r[k] for r in runs))
+        cells = [f"{med(c + '_p50'):.3f} / {med(c + '_p99'):.3f}" for c in cols]
+        print(f"| {t} | {rate:,.0f} | " + " | ".join(cells) + f" | {med('handed_share'):.0%} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

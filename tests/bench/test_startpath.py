@@ -1,0 +1,35 @@
+"""``python -m bench.startpath``: a real worker process and producer at a low rate; the
+three parts of each job's start add up, and an idle worker is handed every job."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import startpath
+
+
+def test_startpath_splits_the_start_of_each_job(redis_url: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert startpath.main(["--rates", "100", "--repeat", "1", "--duration", "1",
+                           "--redis-url", redis_url]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| /")]
+    assert len(rows) == 1, rows
+    cells = [c.strip() for c in rows[0].split("|")[1:-1]]
+    assert cells[1] == "100"
+    start, call, to_worker, in_worker = (float(c.split(" / ")[0]) for c in cells[2:6])
+    assert 0 < in_worker < start and 0 < to_worker < start and call > 0
+    assert start == pytest.approx(to_worker + in_worker, abs=0.2)
+    # 100 jobs/s: the worker is blocked when each job comes, so it is handed them (a
+    # stall of the box longer than the 10 ms between jobs may cost one)
+    assert int(cells[6].rstrip("%")) >= 90, cells[6]
+
+
+def test_startpath_refuses_bad_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        startpath.main(["--rates", "fast"])
+    assert exc.value.code == 2
+    assert "--rates" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        startpath.main(["--trees", "/nonexistent"])
+    assert exc.value.code == 2
