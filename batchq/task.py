@@ -26,6 +26,9 @@ R = TypeVar("R")
 
 DEFAULT_QUEUE = "default"
 
+PLAN_CACHE = 64
+"""Plans kept per task (or options view): one per shard it writes to, and keyed or not."""
+
 
 class HasId(Protocol):
     """A campaign (``batchq.Campaign``), for ``options(campaign=...)``."""
@@ -120,12 +123,29 @@ class _Enqueuer:
     _task: Task[..., Any]
     _opts: EnqueueOptions
 
+    _plans: dict[tuple[str, bool, int], Plan]
+    """Plans already built, by (queue written to, keyed, payload limit)."""
+
     def _plan(self, keyed: bool = False, shard: int | None = None) -> Plan:
         t, o = self._task, self._opts
         c = t.config
         queue = c.queue if o.queue is None else o.queue
-        if isinstance(queue, str):
-            queue = self._shard(queue, keyed, shard)
+        if not isinstance(queue, str):
+            return self._new_plan(queue, keyed)  # refused, naming the value
+        queue = self._shard(queue, keyed, shard)
+        # a plan depends only on the task's config and these options (both frozen), the
+        # (sub-)queue written to and the payload limit: built once, not on every call
+        ck = (queue, keyed, t.app.clients.max_payload_bytes)
+        p = self._plans.get(ck)
+        if p is None:
+            p = self._new_plan(queue, keyed)
+            if len(self._plans) < PLAN_CACHE:
+                self._plans[ck] = p
+        return p
+
+    def _new_plan(self, queue: Any, keyed: bool) -> Plan:
+        t, o = self._task, self._opts
+        c = t.config
         return producer.plan(
             t.app.clients,
             c.name,
@@ -250,6 +270,7 @@ class TaskCall(_Enqueuer):
     def __init__(self, task: Task[..., Any], opts: EnqueueOptions) -> None:
         self._task = task
         self._opts = opts
+        self._plans = {}
 
 
 class Task(_Enqueuer, Generic[P, R]):
@@ -265,6 +286,7 @@ class Task(_Enqueuer, Generic[P, R]):
         """How long a run's return value is kept (ms); None: it is not stored."""
         self._task = self
         self._opts = EnqueueOptions()
+        self._plans = {}
         self.__name__ = getattr(fn, "__name__", config.name)
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn

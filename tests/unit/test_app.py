@@ -214,6 +214,28 @@ def test_options_resolve_against_the_task_defaults(task):
     assert p.due is None  # no delay: straight to ready
 
 
+def test_a_plan_is_built_once_per_target_and_follows_what_it_depends_on(app):
+    @app.task(queue="hot", shards=3)
+    def spread() -> None: ...
+
+    @app.task(queue="plain")
+    def one() -> None: ...
+
+    # built once, then reused by every call (it is rebuilt per call no more)
+    assert one._plan() is one._plan()
+    assert one._plan(keyed=True) is not one._plan()
+    view = one.options(priority=5)
+    assert view._plan() is view._plan() and view._plan().head.startswith(b"5:")
+    # a sharded queue: one plan per shard, still in turn
+    queues = [spread._plan().keys.queue for _ in range(6)]
+    assert sorted(set(queues)) == ["hot", "hot:s1", "hot:s2"]
+    assert queues[:3] != queues[0:1] * 3
+    # the payload limit is read anew: a plan cached before a change does not hide it
+    before = one._plan()
+    app.max_payload_bytes = 10
+    assert one._plan() is not before and one._plan().max_payload == 10
+
+
 # --- repr ------------------------------------------------------------------------------
 
 
