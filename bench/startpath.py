@@ -56,9 +56,11 @@ def one_run(url: str, tree: Path, rate: float, duration_s: float) -> dict[str, f
         out = subprocess.run([sys.executable, "-m", "startpath_app", str(rate), str(duration_s)],
                              cwd=tree, env=env, check=True, capture_output=True, text=True)
         calls = json.loads(out.stdout)
-        n = len(calls)
+        # the worker writes its rows a hundred at a time (the warm-up job's included):
+        # wait for every full hundred
+        full = (len(calls) + 1) // 100 * 100
         deadline = time.time() + 30
-        while r.llen(f"{ns}:rows") * 100 < n - 100 and time.time() < deadline:
+        while r.llen(f"{ns}:rows") < full and time.time() < deadline:
             time.sleep(0.1)
     finally:
         worker.terminate()
