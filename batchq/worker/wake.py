@@ -156,7 +156,7 @@ class Waiter:
         try:
             pipe = st.redis.pipeline(transaction=False)
             for k in st.queues:
-                pipe.zrem(k.idle, calls.idle_member(lease_ms, self.st.worker_id))
+                pipe.zrem(k.idle, calls.idle_member(lease_ms, st.worker_id))
             await asyncio.wait_for(pipe.execute(), 2.0)
         except (TimeoutError, *REDIS_ERRORS) as exc:
             # they lapse by themselves within max_block_s; a job handed off meanwhile
