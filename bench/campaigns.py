@@ -21,7 +21,7 @@ from typing import Any
 
 from . import record
 from .apps import QUEUE
-from .harness import Context, Fleet, Row, batchq_worker_argv, run_burst, timed
+from .harness import Context, Fleet, Row, batchq_worker_argv, percentile, run_burst, timed
 from .resources import used_memory
 from .throughput import _items
 
@@ -120,11 +120,6 @@ def _latency(ctx: Context, campaigns: int, per: int, concurrency: int) -> list[f
     return out
 
 
-def _pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
-
-
 def run_campaign(ctx: Context, rec: dict[str, Any], *, jobs: int, repeat: int,
                  processes: int | None, concurrency: int, campaigns: int,
                  campaign_jobs: int) -> list[Row]:
@@ -149,8 +144,8 @@ def run_campaign(ctx: Context, rec: dict[str, Any], *, jobs: int, repeat: int,
         mem.add("bytes", m, "B")
         mem_done.add("bytes", md, "B")
         lats = _latency(ctx, campaigns, campaign_jobs, concurrency)
-        lat.add("p50", _pct(lats, 0.5), "s")
-        lat.add("p99", _pct(lats, 0.99), "s")
+        lat.add("p50", percentile(lats, 0.5), "s")
+        lat.add("p99", percentile(lats, 0.99), "s")
         lat.add("max", max(lats), "s")
         rec["runs"].append({"repeat": i, "plain_jobs_per_s": a, "campaign_jobs_per_s": b,
                             "keyed_jobs_per_s": f, "held_jobs_per_s": h,

@@ -38,6 +38,12 @@ PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 # --- summaries -------------------------------------------------------------------------
 
 
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values`` by nearest rank."""
+    s = sorted(values)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+
+
 def summarize(values: Sequence[float]) -> dict[str, Any]:
     """Median and spread (min, max) of one figure over the repeats."""
     vals = [float(v) for v in values]

@@ -29,13 +29,18 @@ from pathlib import Path
 import redis
 
 from batchq.dev.server import EmbeddedServer
+from batchq.keys import QueueKeys, queues_key
+
+from .harness import percentile
 
 HERE = Path(__file__).resolve().parent
+QUEUE = "startpath"
+"""The queue of ``startpath_app.probe``."""
 
 
 def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000 if xs else float("nan")
+    """The ``q`` quantile of ``xs`` (seconds) in ms."""
+    return percentile(xs, q) * 1000 if xs else float("nan")
 
 
 def one_run(url: str, tree: Path, rate: float, duration_s: float) -> dict[str, float]:
@@ -44,11 +49,11 @@ def one_run(url: str, tree: Path, rate: float, duration_s: float) -> dict[str, f
            "PYTHONPATH": str(HERE)}
     r = redis.Redis.from_url(url)
     worker = subprocess.Popen([sys.executable, "-m", "batchq", "worker", "startpath_app:app",
-                               "-q", "startpath", "--no-metrics", "--log-level", "WARNING"],
+                               "-q", QUEUE, "--no-metrics", "--log-level", "WARNING"],
                               cwd=tree, env=env)
     try:
         deadline = time.time() + 30
-        while not r.sismember(f"{ns}:queues", "startpath"):
+        while not r.sismember(queues_key(ns), QUEUE):
             if time.time() > deadline or worker.poll() is not None:
                 raise RuntimeError(f"the worker of {tree} did not start")
             time.sleep(0.1)
@@ -67,7 +72,7 @@ def one_run(url: str, tree: Path, rate: float, duration_s: float) -> dict[str, f
         worker.wait(30)
     rows = [tuple(map(float, x.split())) for x in r.lrange(f"{ns}:rows", 0, -1)]
     rows = rows[1:]  # the warm-up job
-    raw: dict[bytes, bytes] = r.hgetall(f"{ns}:{{{ns}:startpath}}:stats")  # type: ignore[assignment]
+    raw: dict[bytes, bytes] = r.hgetall(QueueKeys(ns, QUEUE).stats)  # type: ignore[assignment]
     stats = {k.decode(): int(v) for k, v in raw.items() if v.isdigit()}
     for k in r.scan_iter(f"{ns}:*"):
         r.delete(k)

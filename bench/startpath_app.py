@@ -55,19 +55,21 @@ async def probe(before_call: float) -> None:
 
 
 async def _produce(rate: float, duration_s: float) -> list[float]:
-    """Enqueue ``probe`` jobs one by one at ``rate`` a second (open loop: each at its
-    slot, however long the previous call took); the ``aenqueue`` call times."""
-    loop = asyncio.get_running_loop()
+    """Enqueue ``probe`` jobs one by one on batchq's open-loop schedule
+    (``loadgen.aopen_loop``) at ``rate`` a second; the ``aenqueue`` call times."""
+    from batchq.loadgen import aopen_loop
+
     await probe.aenqueue(time.time())  # warm: connection, scripts, the worker's first pop
     await asyncio.sleep(0.5)
-    calls = []
-    slot = loop.time()
-    for _ in range(round(rate * duration_s)):
-        slot += 1 / rate
-        await asyncio.sleep(max(0.0, slot - loop.time()))
-        t = time.time()
-        await probe.aenqueue(t)
-        calls.append(time.time() - t)
+    calls: list[float] = []
+
+    async def send(intended: list[float], sent_at: float) -> None:
+        for _ in intended:  # one call each, even for jobs that fell due together
+            t = time.time()
+            await probe.aenqueue(t)
+            calls.append(time.time() - t)
+
+    await aopen_loop(send, rate, duration_s)
     await app.aclose()
     return calls
 
