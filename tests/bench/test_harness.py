@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,11 @@ MAY_BE_ZERO = {"fleet CPU", "Redis commands/s", "server CPU", "send lateness p99
 # INFO used_memory is server-wide: on a server shared with other clients the part of a
 # delta above the entry size is only a number, not necessarily positive
 UNSIGNED = {"overhead/job"}
+_CPUS = os.cpu_count() or 1
+RSS_COUNTER_SLACK = 3 * max(32, 2 * _CPUS) * _CPUS * os.sysconf("SC_PAGE_SIZE")
+"""How far two reads of a process's RSS counters may disagree: a per-CPU batch of at
+most max(32, 2 x CPUs) pages per CPU, for each of the three RSS counters (file, anon,
+shmem): 768 KiB on 2 CPUs."""
 
 
 def _check_common(rec: dict[str, Any], scenario: str) -> None:
@@ -108,7 +114,11 @@ def test_scenario_quick(scenario: str, extra: list[str], redis_url: str, tmp_pat
             # so the drain cannot beat C / 20 ms (the slack is clock granularity)
             assert 0 < run["ratio_of_ideal"] <= 1.05, run
             assert run["fleet_exited_by_itself"] and run["worker_cpu_s"] > 0
-            assert run["peak_rss_bytes"] >= run["sampled_peak_rss_bytes"] > 1 << 20
+            assert run["sampled_peak_rss_bytes"] > 1 << 20
+            # VmHWM and statm's RSS are read from the kernel's per-CPU batched counters
+            # (percpu_counter since Linux 6.2), each off by up to a batch of pages per CPU,
+            # so a sample may read a few pages above the high-water mark (CI saw 7 pages)
+            assert run["peak_rss_bytes"] >= run["sampled_peak_rss_bytes"] - RSS_COUNTER_SLACK
 
 
 def test_plot(tmp_path: Path) -> None:
