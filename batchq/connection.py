@@ -11,11 +11,16 @@ hash tag, so each script and per-queue command lands on one node; different queu
 over the nodes. Query options (``ssl_ca_certs``, ``ssl_certfile``, ...) work as for a plain
 URL. The cluster clients are returned under the plain client types: they answer the same
 commands (cross-slot multi-key commands aside, which batchq does not send).
+
+The asyncio clients pack commands with hiredis (C), as redis-py's sync client already
+does when hiredis is installed; redis-py's asyncio connections pack in Python, about a
+microsecond and a half per argument (``packing``).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -23,10 +28,17 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
+import redis.asyncio.connection as aconn
 import redis.asyncio.retry
 import redis.cluster
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+_hiredis_pack: Callable[[tuple[Any, ...]], bytes] | None
+try:
+    from hiredis import pack_command as _hiredis_pack
+except ImportError:  # pragma: no cover - hiredis is a dependency (redis[hiredis])
+    _hiredis_pack = None
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
@@ -164,6 +176,54 @@ class RedisSettings:
             # the cluster client's own retry object counts re-tries of whole commands
             kwargs["retry"] = redis.asyncio.retry.Retry(NoBackoff(), 0)
             kwargs["max_connections"] = ASYNC_CLUSTER_MAX_CONNECTIONS
-            return cast(redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster.from_url(
-                plain_url(self.url), **kwargs))
-        return redis.asyncio.Redis.from_url(self.url, **kwargs)
+            cluster = redis.asyncio.cluster.RedisCluster.from_url(plain_url(self.url), **kwargs)
+            _cluster_packing(cluster)
+            return cast(redis.asyncio.Redis, cluster)
+        client = redis.asyncio.Redis.from_url(self.url, **kwargs)
+        pool = client.connection_pool
+        pool.connection_class = packing(pool.connection_class)
+        return client
+
+
+class _HiredisPacking:
+    """``pack_command`` by hiredis: one C call for the whole command (a 20-argument
+    ``EVALSHA`` 4 µs against 35 in redis-py's Python packer on the development machine),
+    the same bytes. Anything hiredis does not take (a memoryview, or a bad type, which
+    then raises redis-py's own ``DataError``) goes to redis-py's packer."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        head = args[0]
+        # a command name with literal arguments ("CONFIG GET") is sent as separate words
+        if isinstance(head, str):
+            if " " in head:
+                args = (*head.split(), *args[1:])
+        elif b" " in head:
+            args = (*head.split(), *args[1:])
+        try:
+            return [_hiredis_pack(args)]  # type: ignore[misc]
+        except TypeError:
+            return super().pack_command(*args)  # type: ignore[misc,no-any-return]
+
+
+_PACKING: dict[type, type] = {}
+
+
+def packing(cls: type[aconn.AbstractConnection]) -> type[aconn.AbstractConnection]:
+    """``cls`` (an asyncio connection class) packing its commands with hiredis; ``cls``
+    itself when hiredis is missing."""
+    if _hiredis_pack is None or issubclass(cls, _HiredisPacking):
+        return cls
+    fast = _PACKING.get(cls)
+    if fast is None:
+        fast = _PACKING[cls] = type(cls.__name__, (_HiredisPacking, cls), {})
+    return fast
+
+
+def _cluster_packing(cluster: redis.asyncio.cluster.RedisCluster) -> None:
+    """The same for every node of an asyncio cluster client: the seed nodes made already
+    and the ones it discovers (made from the shared connection keywords)."""
+    nodes = cluster.nodes_manager
+    kwargs = nodes.connection_kwargs
+    kwargs["connection_class"] = packing(kwargs.get("connection_class", aconn.Connection))
+    for node in nodes.startup_nodes.values():
+        node.connection_class = packing(node.connection_class)  # type: ignore[assignment]

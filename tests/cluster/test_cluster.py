@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 import redis
 import redis.asyncio.cluster
+import redis.asyncio.connection
 import redis.cluster
 from helpers import run_cli, wait_until
 
 import batchq
-from batchq.connection import RedisSettings, is_cluster_url, plain_url, redact
+from batchq.connection import RedisSettings, is_cluster_url, packing, plain_url, redact
 from batchq.dev.cluster import EmbeddedCluster
 from batchq.metrics import QueueCollector
 from batchq.scripts import calls, run_pipeline
@@ -51,12 +52,25 @@ def test_cluster_urls_select_cluster_clients(cluster: EmbeddedCluster) -> None:
     aclient = s.async_client()
     assert isinstance(aclient, redis.asyncio.cluster.RedisCluster)
 
+    async def every_node_packs_with_hiredis() -> None:
+        # the seed node and the nodes discovered later (a real command initializes)
+        await aclient.set("{packing}:k", "é")
+        assert await aclient.get("{packing}:k") == "é".encode()
+        nodes = aclient.get_nodes()
+        assert len(nodes) == 3
+        for node in nodes:
+            assert node.connection_class is packing(redis.asyncio.connection.Connection)
+        await aclient.delete("{packing}:k")
+        await aclient.aclose()
+
+    asyncio.run(every_node_packs_with_hiredis())
+
     # TLS options of the URL reach the connections (the client is lazy: nothing dials)
     tls = RedisSettings("rediss+cluster://127.0.0.1:1?ssl_ca_certs=/ca.pem"
                         "&ssl_cert_reqs=required&ssl_certfile=/c.pem&ssl_keyfile=/k.pem")
     ac = tls.async_client()
     kw = ac.connection_kwargs
-    assert kw["connection_class"] is redis.asyncio.connection.SSLConnection
+    assert kw["connection_class"] is packing(redis.asyncio.connection.SSLConnection)
     assert (kw["ssl_ca_certs"], kw["ssl_certfile"], kw["ssl_keyfile"]) == \
         ("/ca.pem", "/c.pem", "/k.pem")
 

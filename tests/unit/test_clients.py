@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 import redis
+import redis.asyncio.connection
 
 import batchq
-from batchq import producer
+from batchq import connection, producer
 from batchq.clients import Clients
 from batchq.connection import RedisSettings
 
@@ -116,3 +117,49 @@ def test_register_queue_is_once_per_process(redis_url: str, namespace: str) -> N
     c.register_queue("a")  # remembered: no second SADD
     assert not c.redis.exists(f"{namespace}:queues")
     c.close()
+
+
+PACKED = [
+    ("EVALSHA", "a" * 40, 2, "k1", b"k2", 0, -5, 2**70, 1.5, 1e20, -0.0, "é", b"\x00\xff\r\n", ""),
+    ("CONFIG GET", "maxmemory"),  # a command name with a literal argument is split
+    (b"CLIENT LIST",),
+    ("SET", "k", memoryview(b"a view")),  # hiredis does not take views: redis-py packs it
+    ("RPUSH", "k", *[b"x" * 7000] * 3),  # above redis-py's buffer cutoff: chunked there
+]
+
+
+def test_async_clients_pack_commands_with_hiredis(redis_url: str, namespace: str) -> None:
+    """Every asyncio client batchq builds packs with hiredis (C), bytes for bytes what
+    redis-py's Python packer sends, and still answers real commands and pipelines."""
+    plain = redis.asyncio.connection.Connection(encoder_class=redis.asyncio.connection.Encoder)
+    for url, base in ((redis_url, redis.asyncio.connection.Connection),
+                      ("unix:///tmp/no.sock", redis.asyncio.connection.UnixDomainSocketConnection),
+                      ("rediss://127.0.0.1:1/0", redis.asyncio.connection.SSLConnection)):
+        cls = RedisSettings(url).async_client().connection_pool.connection_class
+        assert issubclass(cls, base) and issubclass(cls, connection._HiredisPacking), url
+        assert cls is connection.packing(base) and connection.packing(cls) is cls
+    fast = connection.packing(redis.asyncio.connection.Connection)()
+    for cmd in PACKED:
+        assert b"".join(fast.pack_command(*cmd)) == b"".join(plain.pack_command(*cmd)), cmd
+    with pytest.raises(redis.DataError):  # refused as redis-py refuses it
+        fast.pack_command("SET", "k", True)
+
+    async def roundtrip() -> None:
+        client = RedisSettings(redis_url).async_client()
+        key = f"{namespace}:packed"
+        try:
+            assert await client.rpush(key, "é", b"\x00\xff\r\n", 7, 1.5) == 4
+            pipe = client.pipeline(transaction=False)
+            pipe.lrange(key, 0, -1)
+            pipe.execute_command("CONFIG GET", "maxmemory")
+            values, config = await pipe.execute()
+            assert values == ["é".encode(), b"\x00\xff\r\n", b"7", b"1.5"]
+            assert "maxmemory" in config  # redis-py parses CONFIG GET into a dict
+            conn = await client.connection_pool.get_connection()
+            assert isinstance(conn, connection._HiredisPacking)
+            await client.connection_pool.release(conn)
+        finally:
+            await client.delete(key)
+            await client.aclose()
+
+    asyncio.run(roundtrip())
