@@ -454,3 +454,24 @@ def test_builders_fill_keys_from_the_queue(namespace):
     assert c.keys[32:] == [k.gready, k.groups, k.gwait, k.gstate, k.limits, k.idle]
     assert calls.enqueue(k, 3, [b"e"], check=False).keys[0] == k.ready_for(3)
     assert calls.nack(k, [(b"a:1", 5)], [(b"b:1", b"r")]).args == [1, b"a:1", 5, b"b:1", b"r"]
+
+
+def test_builders_reuse_key_lists_per_queue_and_priority(namespace, monkeypatch):
+    """Key lists are kept per (script, keys, priority): the same as built afresh, never
+    shared between calls, distinct for another queue or priority, and bounded."""
+    from batchq.keys import QueueKeys
+
+    monkeypatch.setattr(calls, "_KEYS_CACHE", {})
+    a, b = QueueKeys(namespace, "a"), QueueKeys(namespace, "b")
+    first = calls.enqueue(a, 3, [b"e"], check=False).keys
+    assert first == calls._build_keys("enqueue", a, 3)
+    first.append("scribbled")  # a Call owns its list: the next call is not touched
+    assert calls.enqueue(a, 3, [b"e"], check=False).keys == calls._build_keys("enqueue", a, 3)
+    assert calls.enqueue(a, 7, [b"e"], check=False).keys[0] == a.ready_for(7)
+    assert calls.enqueue(b, 3, [b"e"], check=False).keys[0] == b.ready_for(3)
+    assert calls.pop(QueueKeys(namespace, "a"), 5, 1000, 100).keys == \
+        calls._build_keys("pop", a, None)  # an equal QueueKeys finds the same entry
+    assert len(calls._KEYS_CACHE) == 4
+    monkeypatch.setattr(calls, "KEYS_CACHE_SIZE", 4)
+    calls.ack(b, [b"x:1"])
+    assert len(calls._KEYS_CACHE) == 1  # full: started over
