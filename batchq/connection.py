@@ -186,10 +186,11 @@ class RedisSettings:
 
 
 class _HiredisPacking:
-    """``pack_command`` by hiredis: one C call for the whole command (a 20-argument
-    ``EVALSHA`` 4 µs against 35 in redis-py's Python packer on the development machine),
-    the same bytes. Anything hiredis does not take (a memoryview, or a bad type, which
-    then raises redis-py's own ``DataError``) goes to redis-py's packer."""
+    """``pack_command`` by hiredis: one C call for the whole command (a one-job enqueue's
+    ``EVALSHA`` of 15 keys and 3 arguments: 4 µs against 35 in redis-py's Python packer
+    on the development machine), the same bytes. Anything hiredis does not take (a
+    memoryview, or a bad type, which then raises redis-py's own ``DataError``) goes to
+    redis-py's packer."""
 
     def pack_command(self, *args: Any) -> list[bytes]:
         head = args[0]
