@@ -14,16 +14,25 @@ as a ratio. ``AFTER`` defaults to this checkout.
 from __future__ import annotations
 
 import argparse
+import functools
+import os
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 from . import flow_cost
 from .harness import REPO_ROOT, Context
 
 
+@functools.cache
 def script_source(tree: Path, name: str) -> str:
-    d = tree / "batchq" / "scripts"
-    return (d / "_lib.lua").read_text() + "\n" + (d / f"{name}.lua").read_text()
+    """The text ``tree`` sends for script ``name``: from its own ``batchq.scripts.source``
+    (which, since 0.4.1, prepends only the library definitions the script uses)."""
+    code = "import sys; from batchq.scripts import source; sys.stdout.write(source(sys.argv[1]))"
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    return subprocess.run([sys.executable, "-c", code, name], cwd=tree, env=env, check=True,
+                          capture_output=True, text=True).stdout
 
 
 def _script_usec(ctx: Context) -> int:

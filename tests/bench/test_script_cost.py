@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from batchq import scripts
 from bench import script_cost
 
 REPO = Path(__file__).resolve().parents[2]
@@ -20,3 +21,5 @@ def test_script_cost_reports_both_trees(capsys: pytest.CaptureFixture[str]) -> N
     pop, ack, total = (float(x) for x in rows[0].split("|")[2:5])
     assert pop > 0 and ack > 0 and total == pytest.approx(pop + ack, rel=0.05)
     assert script_cost.script_source(REPO, "pop").startswith("-- _lib.lua")
+    # what the tree itself sends (its library trimmed to what each script uses)
+    assert script_cost.script_source(REPO, "extend") == scripts.source("extend")

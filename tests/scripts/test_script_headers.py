@@ -475,3 +475,44 @@ def test_builders_reuse_key_lists_per_queue_and_priority(namespace, monkeypatch)
     monkeypatch.setattr(calls, "KEYS_CACHE_SIZE", 4)
     calls.ack(b, [b"x:1"])
     assert len(calls._KEYS_CACHE) == 1  # full: started over
+
+
+def test_library_splits_into_whole_definitions():
+    """``scripts.definitions`` cuts ``_lib.lua`` at column-0 ``local`` lines: the pieces
+    give back the file, each function ends with its ``end``, each constant is one line."""
+    lib = (SCRIPT_DIR / "_lib.lua").read_text(encoding="utf-8")
+    head, defs = scripts.definitions(lib)
+    assert head + "".join(text for _, text in defs) == lib
+    assert len(defs) > 40 and len({name for name, _ in defs}) == len(defs)
+    assert head.startswith("-- _lib.lua")
+    assert all(line.startswith("--") or not line for line in head.splitlines())
+    for name, text in defs:
+        code = [line for line in text.splitlines()
+                if line.strip() and not line.lstrip().startswith("--")]
+        if code[0].startswith("local function "):
+            assert code[0].startswith(f"local function {name}(") and code[-1] == "end", name
+        else:
+            assert code == [code[0]] and code[0].startswith(f"local {name} = "), name
+    with pytest.raises(ValueError, match="defines nothing"):
+        scripts.definitions("local function f()\nend\nf()\n")
+
+
+def test_a_script_gets_the_library_definitions_it_uses():
+    lib = ("-- head\n\nlocal A = 1\n-- f: A\nlocal function f()\n  return A\nend\n\n"
+           "local function g()\n  return f()\nend\n-- h: 2\nlocal function h()\n  return 2\nend\n")
+    assert scripts.library_for(lib, "return g()") == \
+        "-- head\n\nlocal A = 1\n-- f: A\nlocal function f()\n  return A\nend\n\n" \
+        "local function g()\n  return f()\nend\n"
+    assert scripts.library_for(lib, "return h()") == \
+        "-- head\n\n-- h: 2\nlocal function h()\n  return 2\nend\n"
+    assert scripts.library_for(lib, "return 1") == "-- head\n\n"
+    # every name of the library the code of a sent script uses is defined in it
+    names = {name for name, _ in scripts.definitions(
+        (SCRIPT_DIR / "_lib.lua").read_text(encoding="utf-8"))[1]}
+    for script in scripts.NAMES:
+        src = scripts.source(script)
+        code = re.sub(r"--.*", "", src)
+        defined = set(re.findall(r"(?m)^local (?:function )?([A-Za-z_]\w*)", code))
+        assert names & set(re.findall(r"[A-Za-z_]\w*", code)) <= defined, script
+    assert "local function settle_tracked" not in scripts.source("extend")
+    assert "local function settle_tracked" in scripts.source("ack")
