@@ -67,7 +67,8 @@ _WORD = re.compile(r"[A-Za-z_]\w*")
 def definitions(lib: str) -> tuple[str, list[tuple[str, str]]]:
     """``_lib.lua`` split into its head (the text before the first definition) and its
     top-level definitions in order, ``(name, text)``: a line ``local function NAME`` (to
-    its ``end`` at column 0) or ``local NAME = ...``, with the comment lines right above
+    its ``end`` at column 0, or on one line) or ``local NAME = ...``, with the comment
+    lines right above
     it; blank lines and comments after a blank line stay with the text before them. Any
     other top-level line is a ``ValueError``: the library keeps to this layout."""
     head: list[str] = []
@@ -83,7 +84,9 @@ def definitions(lib: str) -> tuple[str, list[tuple[str, str]]]:
         if m is not None:
             defs.append((m.group(1), [*above, line]))
             above = []
-            in_function = line.startswith("local function ")
+            # a function runs to its "end" at column 0, unless it is all on this line
+            in_function = line.startswith("local function ") and \
+                not line.rstrip().endswith(" end")
         elif line.startswith("--"):
             above.append(line)
         elif not line.strip():

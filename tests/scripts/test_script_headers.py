@@ -493,6 +493,11 @@ def test_library_splits_into_whole_definitions():
             assert code[0].startswith(f"local function {name}(") and code[-1] == "end", name
         else:
             assert code == [code[0]] and code[0].startswith(f"local {name} = "), name
+    # one definition a piece: every column-0 "local" line of the file starts its own
+    assert [name for name, _ in defs] == \
+        re.findall(r"(?m)^local (?:function )?([A-Za-z_]\w*)", lib)
+    one_liner = "local function f() return 1 end\nlocal function g()\n  return f()\nend\n"
+    assert [name for name, _ in scripts.definitions(one_liner)[1]] == ["f", "g"]
     with pytest.raises(ValueError, match="defines nothing"):
         scripts.definitions("local function f()\nend\nf()\n")
 
