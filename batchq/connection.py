@@ -206,6 +206,21 @@ class _HiredisPacking:
             return super().pack_command(*args)  # type: ignore[misc,no-any-return]
 
 
+def pack_command(conn: Any, args: tuple[Any, ...]) -> Any:
+    """The wire form of one command for ``conn`` (sync or asyncio): hiredis's packer in
+    one C call when it takes the arguments, else the connection's own (a memoryview, a
+    multi-word command name; a bad type then raises redis-py's ``DataError``). redis-py's
+    sync packer also uses hiredis but first copies the arguments in a Python loop."""
+    if _hiredis_pack is not None:
+        head = args[0]
+        if not (b" " in head if isinstance(head, bytes) else " " in head):
+            try:
+                return [_hiredis_pack(args)]
+            except TypeError:
+                pass
+    return conn.pack_command(*args)
+
+
 _PACKING: dict[type, type] = {}
 
 

@@ -1,7 +1,8 @@
 """``python -m bench.startpath``: where a job's enqueue-to-start time goes, at low rates.
 
 One worker process (``batchq worker startpath_app:app -p 1``, no metrics) and one
-producer process sending ``aenqueue`` calls one by one at each offered rate (open loop).
+producer process sending ``aenqueue`` calls (``--api sync``: ``enqueue`` calls from a
+plain thread) one by one at each offered rate (open loop).
 For every job it splits the time from just before the producer's call to the handler's
 first line into: the **call** (until ``aenqueue`` returned, on the producer), **to the
 worker** (until the worker process accepted the job: the hand-off's BLPOP reply or a
@@ -43,7 +44,8 @@ def _pct(xs: list[float], q: float) -> float:
     return percentile(xs, q) * 1000 if xs else float("nan")
 
 
-def one_run(url: str, tree: Path, rate: float, duration_s: float) -> dict[str, float]:
+def one_run(url: str, tree: Path, rate: float, duration_s: float, api: str = "async"
+            ) -> dict[str, float]:
     ns = f"sp{uuid.uuid4().hex[:8]}"
     env = {**os.environ, "BATCHQ_REDIS_URL": url, "STARTPATH_NS": ns,
            "PYTHONPATH": str(HERE)}
@@ -58,7 +60,8 @@ def one_run(url: str, tree: Path, rate: float, duration_s: float) -> dict[str, f
                 raise RuntimeError(f"the worker of {tree} did not start")
             time.sleep(0.1)
         time.sleep(1.0)  # its first pop and BLPOP
-        out = subprocess.run([sys.executable, "-m", "startpath_app", str(rate), str(duration_s)],
+        out = subprocess.run([sys.executable, "-m", "startpath_app", str(rate), str(duration_s),
+                              api],
                              cwd=tree, env=env, check=True, capture_output=True, text=True)
         calls = json.loads(out.stdout)
         # the worker writes its rows a hundred at a time (the warm-up job's included):
@@ -94,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3, help="runs per rate and tree (default 3)")
     p.add_argument("--trees", default=str(HERE.parent),
                    help="checkouts whose batchq runs, alternating (default: this tree)")
+    p.add_argument("--api", choices=("async", "sync"), default="async",
+                   help="the producer's call: aenqueue on the asyncio open loop (default) "
+                   "or enqueue on the synchronous one")
     p.add_argument("--redis-url", default=None, help="default: an embedded Valkey")
     a = p.parse_args(argv)
     try:
@@ -111,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         for rate in rates:
             for _ in range(a.repeat):
                 for t in trees:
-                    res.setdefault((t, rate), []).append(one_run(url, t, rate, a.duration))
+                    res.setdefault((t, rate), []).append(one_run(url, t, rate, a.duration,
+                                                                  a.api))
     finally:
         if server is not None:
             server.stop()

@@ -41,7 +41,7 @@ app = batchq.App(os.environ.get("BATCHQ_REDIS_URL"),
 
 @app.task(queue=QUEUE)
 async def probe(before_call: float) -> None:
-    """``before_call``: the producer's clock just before its ``aenqueue``."""
+    """``before_call``: the producer's clock just before its ``aenqueue`` (``enqueue``)."""
     started = time.time()
     got = _accepted.popleft() if _accepted else float("nan")
     _rows.append(f"{before_call} {got} {started}")
@@ -74,8 +74,30 @@ async def _produce(rate: float, duration_s: float) -> list[float]:
     return calls
 
 
+def _produce_sync(rate: float, duration_s: float) -> list[float]:
+    """``_produce`` with ``enqueue`` on the synchronous open loop (``loadgen.open_loop``)."""
+    from batchq.loadgen import open_loop
+
+    probe.enqueue(time.time())
+    time.sleep(0.5)
+    calls: list[float] = []
+
+    def send(intended: list[float], sent_at: float) -> None:
+        for _ in intended:
+            t = time.time()
+            probe.enqueue(t)
+            calls.append(time.time() - t)
+
+    open_loop(send, rate, duration_s)
+    app.close()
+    return calls
+
+
 if __name__ == "__main__":
     import json
     import sys
 
-    print(json.dumps(asyncio.run(_produce(float(sys.argv[1]), float(sys.argv[2])))))
+    rate, duration_s = float(sys.argv[1]), float(sys.argv[2])
+    sync = sys.argv[3:] == ["sync"]
+    print(json.dumps(_produce_sync(rate, duration_s) if sync
+                     else asyncio.run(_produce(rate, duration_s))))

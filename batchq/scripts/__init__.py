@@ -34,6 +34,7 @@ from redis.client import Pipeline as SyncPipeline
 from redis.cluster import ClusterPipeline as SyncClusterPipeline
 from redis.exceptions import NoScriptError
 
+from ..lane import AsyncLane, SyncLane, async_lane, sync_lane
 from .calls import Call
 
 NAMES = ("enqueue", "schedule", "pop", "ack", "nack", "release", "extend", "redrive",
@@ -186,9 +187,11 @@ def _noscript_reruns(pipe: Any, results: list[Any]) -> list[tuple[int, _Lua, boo
 class SyncScript(_Lua):
     """A script bound to a synchronous client: ``script(keys, args, client=None)``."""
 
-    def __init__(self, name: str, client: redis.Redis) -> None:
+    def __init__(self, name: str, client: redis.Redis, lane: SyncLane | None = None) -> None:
         super().__init__(name)
         self.client = client
+        self.lane = lane
+        """The client's fast lane (``lane.py``), shared by the scripts of one client."""
 
     def __call__(self, keys: Sequence[Any] = (), args: Sequence[Any] = (),
                  client: redis.Redis | SyncPipeline | SyncClusterPipeline | None = None,
@@ -197,20 +200,25 @@ class SyncScript(_Lua):
         if isinstance(c, _SYNC_PIPELINES):
             self._queue(c, keys, args)
             return c
+        run = self.lane.execute if self.lane is not None and c is self.client \
+            else c.execute_command
         try:
-            return c.evalsha(*self.command(keys, args))
+            return run("EVALSHA", *self.command(keys, args))
         except NoScriptError:
             # NOSCRIPT: the script did not run, so running it again cannot apply it twice
             c.script_load(self.source)
-            return c.evalsha(*self.command(keys, args))
+            return run("EVALSHA", *self.command(keys, args))
 
 
 class AsyncScript(_Lua):
     """A script bound to an asyncio client: ``await script(keys, args, client=None)``."""
 
-    def __init__(self, name: str, client: redis.asyncio.Redis) -> None:
+    def __init__(self, name: str, client: redis.asyncio.Redis,
+                 lane: AsyncLane | None = None) -> None:
         super().__init__(name)
         self.client = client
+        self.lane = lane
+        """The client's fast lane (``lane.py``), shared by the scripts of one client."""
 
     async def __call__(self, keys: Sequence[Any] = (), args: Sequence[Any] = (),
                        client: redis.asyncio.Redis | AsyncPipeline | AsyncClusterPipeline
@@ -219,11 +227,13 @@ class AsyncScript(_Lua):
         if isinstance(c, _ASYNC_PIPELINES):
             self._queue(c, keys, args)
             return c
+        run = self.lane.execute if self.lane is not None and c is self.client \
+            else c.execute_command
         try:
-            return await c.evalsha(*self.command(keys, args))
+            return await run("EVALSHA", *self.command(keys, args))
         except NoScriptError:
             await c.script_load(self.source)
-            return await c.evalsha(*self.command(keys, args))
+            return await run("EVALSHA", *self.command(keys, args))
 
 
 def run_pipeline(pipe: SyncPipeline | SyncClusterPipeline, client: redis.Redis) -> list[Any]:
@@ -259,7 +269,8 @@ class SyncScripts:
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
-        self.by_name = {n: SyncScript(n, client) for n in NAMES}
+        lane = sync_lane(client)
+        self.by_name = {n: SyncScript(n, client, lane) for n in NAMES}
 
     def call(self, c: Call,
              client: redis.Redis | SyncPipeline | SyncClusterPipeline | None = None) -> Any:
@@ -272,7 +283,8 @@ class AsyncScripts:
 
     def __init__(self, client: redis.asyncio.Redis) -> None:
         self.client = client
-        self.by_name = {n: AsyncScript(n, client) for n in NAMES}
+        lane = async_lane(client)
+        self.by_name = {n: AsyncScript(n, client, lane) for n in NAMES}
 
     async def call(self, c: Call, client: redis.asyncio.Redis | AsyncPipeline
                    | AsyncClusterPipeline | None = None) -> Any:

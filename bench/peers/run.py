@@ -55,6 +55,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peers", default=",".join(PEERS),
                    help=f"comma-separated subset (default {','.join(PEERS)})")
     p.add_argument("--no-batchq", action="store_true", help="leave batchq out")
+    p.add_argument("--batchq-api", choices=("async", "sync", "both"), default="both",
+                   help="batchq's producer in the latency runs: aenqueue on the asyncio "
+                   "open loop (system 'batchq'), enqueue on the synchronous one, as the "
+                   "sync peers send (system 'batchq-sync'), or both (default)")
     p.add_argument("--redis-url", default=None,
                    help="Redis to use (default: an embedded Valkey). Databases "
                    "--db-base.. are FLUSHED: needs --allow-flush")
@@ -122,9 +126,11 @@ class System:
     """batchq or one peer: how to fill its queue, start its fleet, offer it load."""
 
     def __init__(self, ctx: Context, name: str, url: str, peer: Peer | None,
-                 processes: int, concurrency: int) -> None:
+                 processes: int, concurrency: int, api: str = "async") -> None:
         self.ctx = ctx
         self.name = name
+        self.api = api
+        """batchq's producer call: ``aenqueue`` ("async") or ``enqueue`` ("sync")."""
         self.url = url
         self.peer = peer
         self.processes = processes
@@ -177,6 +183,20 @@ class System:
             from ..throughput import _run_async
 
             lat = self.ctx.app.tasks["lat"]
+            if self.api == "sync":
+                from batchq.loadgen import open_loop
+
+                def send_sync(intended: list[float], sent_at: float) -> None:
+                    if len(intended) == 1:
+                        lat.enqueue(intended[0], sent_at)
+                    else:
+                        lat.enqueue_many([(t, sent_at) for t in intended])
+
+                try:
+                    self.ctx.app.redis.ping()
+                    return open_loop(send_sync, rate, duration_s).as_dict()
+                finally:
+                    self.ctx.app.close()
 
             async def send(intended: list[float], sent_at: float) -> None:
                 if len(intended) == 1:
@@ -435,6 +455,7 @@ def main(args: argparse.Namespace) -> int:
     climb = args.climb_factor if args.climb else None
     procs = args.processes or os.cpu_count() or 1
     params: dict[str, Any] = {"peers": names, "batchq": not args.no_batchq,
+                              "batchq_api": args.batchq_api,
                               "jobs": None if args.no_drain else jobs,
                               "rates": sorted(set(rates)), "climb": args.climb,
                               "climb_factor": climb, "max_rate": args.max_rate,
@@ -448,8 +469,10 @@ def main(args: argparse.Namespace) -> int:
         rec = harness.new_record(ctx, "peers", params)
         rec["results"] = {}
         rec["configs"] = {p.name: p.config for p in peers}
-        systems = [] if args.no_batchq else [System(ctx, "batchq", ctx.url, None, procs,
-                                                     args.concurrency)]
+        apis = {"both": ["async", "sync"]}.get(args.batchq_api, [args.batchq_api])
+        systems = [] if args.no_batchq else [
+            System(ctx, "batchq" if api == "async" else "batchq-sync", ctx.url, None, procs,
+                   args.concurrency, api) for api in apis]
         systems += [System(ctx, p.name, db_url(ctx.url, args.db_base + i), p, procs,
                            args.concurrency) for i, p in enumerate(peers)]
         rows: list[Row] = []
@@ -460,7 +483,11 @@ def main(args: argparse.Namespace) -> int:
             d_row = Row(f"{s.name} drain", {"system": s.name, "version": version})
             runs: dict[str, Any] = {"drain": [], "latency": []}
             try:
-                for _ in range(0 if args.no_drain else repeat):
+                # the producer's API changes nothing in a drain (its jobs are written
+                # before the fleet starts): batchq drains once
+                drains = 0 if args.no_drain or (s.peer is None and s.api == "sync"
+                                                and "async" in apis) else repeat
+                for _ in range(drains):
                     d = drain(s, jobs)
                     runs["drain"].append(d)
                     d_row.add("jobs/s", d["jobs_per_s"], "jobs/s")

@@ -8,10 +8,11 @@ import pytest
 from bench import startpath
 
 
-def test_startpath_splits_the_start_of_each_job(redis_url: str,
+@pytest.mark.parametrize("api", ["async", "sync"])
+def test_startpath_splits_the_start_of_each_job(redis_url: str, api: str,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     assert startpath.main(["--rates", "100", "--repeat", "1", "--duration", "1",
-                           "--redis-url", redis_url]) == 0
+                           "--api", api, "--redis-url", redis_url]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines()
             if line.startswith("| /")]
     assert len(rows) == 1, rows
@@ -32,4 +33,7 @@ def test_startpath_refuses_bad_flags(capsys: pytest.CaptureFixture[str]) -> None
     assert "--rates" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         startpath.main(["--trees", "/nonexistent"])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit) as exc:
+        startpath.main(["--api", "threads"])
     assert exc.value.code == 2
