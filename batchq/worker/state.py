@@ -28,6 +28,7 @@ from .. import shards
 from ..codec import Job
 from ..exitcodes import EXIT_OK
 from ..keys import QueueKeys
+from ..lane import AsyncLane, async_lane
 from ..scripts import AsyncScripts
 from .selection import check_selection
 
@@ -196,6 +197,9 @@ class State:
     redis: AsyncRedis
     bredis: AsyncRedis
     """The blocking-wait connection (socket timeout longer than the block)."""
+    blane: AsyncLane | None
+    """Its lane (``lane.py``: the BLPOP and its reply skip redis-py's per-command
+    machinery); None on Redis Cluster."""
     scripts: AsyncScripts
     due_event: asyncio.Event
     """Set when ``due_campaigns`` gained an id."""
@@ -291,6 +295,7 @@ class State:
         s = self.settings
         self.redis = self.app.redis_settings.async_client()
         self.bredis = self.app.redis_settings.async_client(socket_timeout_s=s.max_block_s + 10)
+        self.blane = async_lane(self.bredis)
         self.scripts = AsyncScripts(self.redis)
 
     def thread_pool(self) -> ThreadPoolExecutor:

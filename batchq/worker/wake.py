@@ -95,7 +95,10 @@ class Waiter:
         if len(keys) > 1 and isinstance(st.bredis, AsyncRedisCluster):
             return await self._blpop_each(keys)
         try:
-            res = await st.bredis.blpop(keys, timeout=st.settings.max_block_s)
+            if st.blane is not None:  # the reply a list: [key, value] or None
+                res = await st.blane.execute("BLPOP", *keys, st.settings.max_block_s)
+            else:
+                res = await st.bredis.blpop(keys, timeout=st.settings.max_block_s)
         except Exception as exc:
             # any failure (a lost connection, NOPERM, a slot moving; or redis-py's
             # cluster client racing on a connection it is resetting, which raised an
