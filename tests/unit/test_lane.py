@@ -10,6 +10,7 @@ import asyncio
 import os
 import threading
 import uuid
+from collections.abc import Iterator
 
 import pytest
 import redis
@@ -26,6 +27,19 @@ from batchq.scripts import AsyncScripts, SyncScripts, calls
 
 def _key() -> str:
     return f"lane:{uuid.uuid4().hex}"
+
+
+@pytest.fixture
+def sync_lane(redis_url: str, redis_client: redis.Redis
+              ) -> Iterator[tuple[lane.SyncLane, redis.Redis, str]]:
+    """A lane of a fresh plain client, the client, and a key of its own (deleted after)."""
+    client = redis.Redis.from_url(redis_url)
+    k = _key()
+    try:
+        yield lane.SyncLane(client), client, k
+    finally:
+        redis_client.delete(k, f"{k}:n")
+        client.close()
 
 
 def test_only_plain_pooled_clients_get_a_lane(redis_url: str) -> None:
@@ -51,40 +65,33 @@ def test_only_plain_pooled_clients_get_a_lane(redis_url: str) -> None:
 
 
 def test_sync_lane_replies_errors_and_a_connection_the_server_closed(
-        redis_url: str, redis_client: redis.Redis) -> None:
-    client = redis.Redis.from_url(redis_url)
-    ln = lane.SyncLane(client)
-    k = _key()
-    try:
-        assert ln.execute("SET", k, "é") == b"OK"  # raw replies: no response callbacks
-        assert ln.execute("GET", k) == "é".encode()
-        assert ln.execute("INCRBY", f"{k}:n", 5) == 5
-        with pytest.raises(NoScriptError):
-            ln.execute("EVALSHA", "0" * 40, 0)
-        with pytest.raises(ResponseError, match="WRONGTYPE"):
-            ln.execute("LPUSH", k, "x")  # the error reply leaves the connection usable
-        cid = ln.execute("CLIENT", "ID")
-        assert ln.execute("CLIENT", "ID") == cid  # one connection, held
-        assert ln._conn in client.connection_pool._in_use_connections  # type: ignore[attr-defined]
+        sync_lane: tuple[lane.SyncLane, redis.Redis, str], redis_client: redis.Redis) -> None:
+    ln, client, k = sync_lane
+    assert ln.execute("SET", k, "é") == b"OK"  # raw replies: no response callbacks
+    assert ln.execute("GET", k) == "é".encode()
+    assert ln.execute("INCRBY", f"{k}:n", 5) == 5
+    with pytest.raises(NoScriptError):
+        ln.execute("EVALSHA", "0" * 40, 0)
+    with pytest.raises(ResponseError, match="WRONGTYPE"):
+        ln.execute("LPUSH", k, "x")  # the error reply leaves the connection usable
+    cid = ln.execute("CLIENT", "ID")
+    assert ln.execute("CLIENT", "ID") == cid  # one connection, held
+    assert ln._conn in client.connection_pool._in_use_connections  # type: ignore[attr-defined]
 
-        # the server closes it: checked before the next command, which still succeeds
-        assert redis_client.client_kill_filter(_id=cid) == 1
-        assert ln.execute("GET", k) == "é".encode()
-        assert ln.execute("CLIENT", "ID") != cid
-        # a memoryview (hiredis refuses it) goes through redis-py's packer
-        assert ln.execute("SET", k, memoryview(b"mv")) == b"OK"
-        assert ln.execute("GET", k) == b"mv"
-    finally:
-        redis_client.delete(k, f"{k}:n")
-        client.close()
+    # the server closes it: checked before the next command, which still succeeds
+    assert redis_client.client_kill_filter(_id=cid) == 1
+    assert ln.execute("GET", k) == "é".encode()
+    assert ln.execute("CLIENT", "ID") != cid
+    # a memoryview (hiredis refuses it) goes through redis-py's packer
+    assert ln.execute("SET", k, memoryview(b"mv")) == b"OK"
+    assert ln.execute("GET", k) == b"mv"
+    client.close()
     assert ln._conn is not None and ln._conn._sock is None  # closed with its client
 
 
 def test_sync_lane_is_shared_by_threads_one_command_at_a_time(
-        redis_url: str, redis_client: redis.Redis) -> None:
-    client = redis.Redis.from_url(redis_url)
-    ln = lane.SyncLane(client)
-    k = _key()
+        sync_lane: tuple[lane.SyncLane, redis.Redis, str], redis_client: redis.Redis) -> None:
+    ln, _, k = sync_lane
     got: list[int] = []
     lock = threading.Lock()
 
@@ -94,42 +101,32 @@ def test_sync_lane_is_shared_by_threads_one_command_at_a_time(
             got.extend(mine)
 
     threads = [threading.Thread(target=work) for _ in range(8)]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        assert sorted(got) == list(range(1, 1601))  # every reply to its own command
-        assert int(redis_client.get(k) or 0) == 1600
-    finally:
-        redis_client.delete(k)
-        client.close()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(got) == list(range(1, 1601))  # every reply to its own command
+    assert int(redis_client.get(k) or 0) == 1600
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_never_uses_its_parents_lane(
-        redis_url: str, redis_client: redis.Redis) -> None:
-    client = redis.Redis.from_url(redis_url)
-    ln = lane.SyncLane(client)
-    k = _key()
-    try:
-        cid = ln.execute("CLIENT", "ID")
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child
-            code = 1
-            try:
-                mine = ln.execute("CLIENT", "ID")
-                ln.execute("SET", k, str(mine))
-                code = 0 if mine != cid else 3
-            finally:
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
-        assert int(redis_client.get(k) or 0) not in (0, cid)
-        assert ln.execute("CLIENT", "ID") == cid  # the parent's connection untouched
-    finally:
-        redis_client.delete(k)
-        client.close()
+        sync_lane: tuple[lane.SyncLane, redis.Redis, str], redis_client: redis.Redis) -> None:
+    ln, _, k = sync_lane
+    cid = ln.execute("CLIENT", "ID")
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            mine = ln.execute("CLIENT", "ID")
+            ln.execute("SET", k, str(mine))
+            code = 0 if mine != cid else 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert int(redis_client.get(k) or 0) not in (0, cid)
+    assert ln.execute("CLIENT", "ID") == cid  # the parent's connection untouched
 
 
 def test_async_lane_cancel_busy_closed_by_server_and_aclose(
