@@ -80,6 +80,11 @@ def test_batchq_climbs_until_it_falls_behind(redis_url: str, tmp_path: Path,
     assert rec["results"]["batchq"]["drain"] is None
     _check_climb(rec, "batchq")
     assert "| batchq | 200 | yes (1 of 1) |" in out
+    # the same climb with enqueue from a plain thread (--batchq-api both, the default)
+    assert rec["parameters"]["batchq_api"] == "both"
+    assert rec["results"]["batchq-sync"]["drain"] is None
+    _check_climb(rec, "batchq-sync")
+    assert "| batchq-sync | 200 | yes (1 of 1) |" in out
     assert "highest rate sustained / first not" in out
     png = tmp_path / "latency.png"
     assert main(["plot", str(path), "-o", str(png)]) == 0
