@@ -3,8 +3,8 @@
 200,000 (1,000,000 in the slow test) jobs scheduled for the same instant on queue
 ``bulk``; once they are due a single worker serving ``bulk`` and ``live`` starts.
 ``pop.lua`` moves at most 100 due jobs per call, so no call grows with the backlog:
-every pop stays short (the server's SLOWLOG holds every command slower than 10 ms, and
-no pop may be there at 50 ms or more), the ready list never holds more than a few
+every pop stays short (the server's SLOWLOG holds every command slower than 1 ms, and
+99 % of the pops there must take under 50 ms), the ready list never holds more than a few
 chunks, and jobs enqueued to ``live`` meanwhile start within a second.
 """
 
@@ -85,7 +85,9 @@ def test_a_backlog_of_delayed_jobs_coming_due_at_once(fleet_on: FleetFactory,
 
         slow = [e for e in r.slowlog_get(100_000) if e["command"].startswith(b"EVALSHA " +
                                                                             POP_SHA)]
-        worst_ms = max((e["duration"] / 1000 for e in slow), default=0.0)
+        slow_ms = sorted(e["duration"] / 1000 for e in slow)
+        worst_ms = slow_ms[-1] if slow_ms else 0.0
+        p99_ms = slow_ms[int(0.99 * (len(slow_ms) - 1))] if slow_ms else 0.0
         runs = fleet.runs()
         starts = {x.token: x.start for x in runs if x.token in live}
         waits = sorted(starts[t] - live[t] for t in live if t in starts)
@@ -94,12 +96,16 @@ def test_a_backlog_of_delayed_jobs_coming_due_at_once(fleet_on: FleetFactory,
                              queues=("bulk", "live"), killed_pids=())
         print(f"\n{n} delayed jobs: enqueued in {enqueue_s:.1f}s, drained in {drain_s:.1f}s "
               f"({n / drain_s:.0f}/s); one pop by hand {one_pop_ms:.1f} ms; pops slower "
-              f"than {SLOWLOG_US / 1000:g} ms: {len(slow)} (worst {worst_ms:.1f} ms); ready "
+              f"than {SLOWLOG_US / 1000:g} ms: {len(slow)} (p99 {p99_ms:.1f} ms, worst "
+              f"{worst_ms:.1f} ms); ready "
               f"list at most {max_ready}; {len(live)} live jobs started "
               f"{waits[0] * 1000:.0f}..{waits[-1] * 1000:.0f} ms after enqueue\n"
               f"checker: {report.summary()}")
         assert one_pop_ms < 50
-        assert worst_ms < 50, slow[:3]
+        # a pop that grew with the backlog would be slow on every call (each would walk
+        # it); the single slowest of some 10,000 calls (here 2-3 ms each) measures the
+        # shared box's scheduler (72 ms once on a 2-core box): so the 99th percentile
+        assert p99_ms < 50, slow_ms[-20:]
         # every pop promotes one chunk (100) and takes what the worker can start soon (its
         # prefetch is sized from run time), so due jobs may gather in ready: a chunk per
         # pop, never the whole backlog at once (the pop by hand above moved exactly one)
