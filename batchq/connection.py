@@ -12,9 +12,9 @@ over the nodes. Query options (``ssl_ca_certs``, ``ssl_certfile``, ...) work as 
 URL. The cluster clients are returned under the plain client types: they answer the same
 commands (cross-slot multi-key commands aside, which batchq does not send).
 
-The asyncio clients pack commands with hiredis (C), as redis-py's sync client already
-does when hiredis is installed; redis-py's asyncio connections pack in Python, about a
-microsecond and a half per argument (``packing``).
+Every client batchq builds packs its commands with hiredis in one C call (``packing``):
+redis-py's asyncio connections pack in Python, about a microsecond and a half per
+argument, and its sync ones copy the arguments in a Python loop before hiredis packs them.
 """
 
 from __future__ import annotations
@@ -165,9 +165,13 @@ class RedisSettings:
             # health checks are per connection in redis-py's cluster client and not a
             # cluster option; it drops the keyword
             kwargs.pop("health_check_interval")
-            return cast(redis.Redis,
-                        redis.cluster.RedisCluster.from_url(plain_url(self.url), **kwargs))
-        return redis.Redis.from_url(self.url, **kwargs)
+            cluster = redis.cluster.RedisCluster.from_url(plain_url(self.url), **kwargs)
+            _sync_cluster_packing(cluster)
+            return cast(redis.Redis, cluster)
+        client = redis.Redis.from_url(self.url, **kwargs)
+        pool = client.connection_pool
+        pool.connection_class = packing(pool.connection_class)
+        return client
 
     def async_client(self, *, socket_timeout_s: float | None = None) -> redis.asyncio.Redis:
         timeout = self.socket_timeout_s if socket_timeout_s is None else socket_timeout_s
@@ -206,27 +210,12 @@ class _HiredisPacking:
             return super().pack_command(*args)  # type: ignore[misc,no-any-return]
 
 
-def pack_command(conn: Any, args: tuple[Any, ...]) -> Any:
-    """The wire form of one command for ``conn`` (sync or asyncio): hiredis's packer in
-    one C call when it takes the arguments, else the connection's own (a memoryview, a
-    multi-word command name; a bad type then raises redis-py's ``DataError``). redis-py's
-    sync packer also uses hiredis but first copies the arguments in a Python loop."""
-    if _hiredis_pack is not None:
-        head = args[0]
-        if not (b" " in head if isinstance(head, bytes) else " " in head):
-            try:
-                return [_hiredis_pack(args)]
-            except TypeError:
-                pass
-    return conn.pack_command(*args)
-
-
 _PACKING: dict[type, type] = {}
 
 
-def packing(cls: type[aconn.AbstractConnection]) -> type[aconn.AbstractConnection]:
-    """``cls`` (an asyncio connection class) packing its commands with hiredis; ``cls``
-    itself when hiredis is missing."""
+def packing(cls: type[Any]) -> type[Any]:
+    """``cls`` (a redis-py connection class, sync or asyncio) packing its commands with
+    hiredis; ``cls`` itself when hiredis is missing."""
     if _hiredis_pack is None or issubclass(cls, _HiredisPacking):
         return cls
     fast = _PACKING.get(cls)
@@ -242,4 +231,17 @@ def _cluster_packing(cluster: redis.asyncio.cluster.RedisCluster) -> None:
     kwargs = nodes.connection_kwargs
     kwargs["connection_class"] = packing(kwargs.get("connection_class", aconn.Connection))
     for node in nodes.startup_nodes.values():
-        node.connection_class = packing(node.connection_class)  # type: ignore[assignment]
+        node.connection_class = packing(node.connection_class)
+
+
+def _sync_cluster_packing(cluster: redis.cluster.RedisCluster) -> None:
+    """``_cluster_packing`` for a synchronous cluster client: it has built its nodes'
+    clients already (their pools make connections on demand, from the class set here)
+    and builds the ones it discovers later from the shared connection keywords."""
+    nodes = cluster.nodes_manager
+    kwargs = nodes.connection_kwargs
+    kwargs["connection_class"] = packing(kwargs.get("connection_class", redis.Connection))
+    for node in nodes.nodes_cache.values():
+        if node.redis_connection is not None:
+            pool = node.redis_connection.connection_pool
+            pool.connection_class = packing(pool.connection_class)

@@ -35,8 +35,6 @@ import redis
 import redis.asyncio
 import redis.asyncio.connection as aconn
 
-from .connection import pack_command
-
 
 class AsyncLane:
     """The lane of one plain asyncio client (``execute`` like ``execute_command``)."""
@@ -62,7 +60,7 @@ class AsyncLane:
                 self._conn = conn
             elif conn.is_connected:
                 await _acheck(conn)
-            await conn.send_packed_command(pack_command(conn, args))
+            await conn.send_packed_command(conn.pack_command(*args))
             return await conn.read_response()
         finally:
             self._busy = False
@@ -91,7 +89,7 @@ class SyncLane:
             else:
                 conn.connect()  # nothing when connected
                 _check(conn)
-            conn.send_packed_command(pack_command(conn, args))
+            conn.send_packed_command(conn.pack_command(*args))
             return conn.read_response()
         finally:
             self._lock.release()

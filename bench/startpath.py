@@ -8,7 +8,10 @@ first line into: the **call** (until ``aenqueue`` returned, on the producer), **
 worker** (until the worker process accepted the job: the hand-off's BLPOP reply or a
 pop's), and **in the worker** (from there to the handler). It also reports the share of
 jobs the enqueue handed straight to the blocked worker (the queue's ``handed`` and
-``enqueued`` counters). Medians over ``--repeat`` runs of each run's p50 and p99.
+``enqueued`` counters) and the **Redis µs per job**: the server's time in batchq's
+top-level commands over the run (``INFO commandstats`` usec of ``EVALSHA``, its scripts,
+and ``BLPOP``, reset after the worker's start) ÷ jobs enqueued; idle-time pops count.
+Medians over ``--repeat`` runs of each run's p50 and p99.
 
 ``--trees DIR,DIR``: run the worker and the producer of each tree in turn (a checkout of
 another commit, e.g. ``git archive REV | tar -x -C DIR``), alternating run by run, to
@@ -60,6 +63,7 @@ def one_run(url: str, tree: Path, rate: float, duration_s: float, api: str = "as
                 raise RuntimeError(f"the worker of {tree} did not start")
             time.sleep(0.1)
         time.sleep(1.0)  # its first pop and BLPOP
+        r.config_resetstat()
         out = subprocess.run([sys.executable, "-m", "startpath_app", str(rate), str(duration_s),
                               api],
                              cwd=tree, env=env, check=True, capture_output=True, text=True)
@@ -70,6 +74,10 @@ def one_run(url: str, tree: Path, rate: float, duration_s: float, api: str = "as
         deadline = time.time() + 30
         while r.llen(f"{ns}:rows") < full and time.time() < deadline:
             time.sleep(0.1)
+        cmd = r.info("commandstats")
+        # batchq's own top-level commands at this rate: its scripts (enqueue, pop, ack;
+        # a command a script runs is counted inside the script's time) and the BLPOP
+        redis_us = sum(cmd.get(f"cmdstat_{c}", {}).get("usec", 0) for c in ("evalsha", "blpop"))
     finally:
         worker.terminate()
         worker.wait(30)
@@ -86,6 +94,7 @@ def one_run(url: str, tree: Path, rate: float, duration_s: float, api: str = "as
             "to_worker_p50": _pct(to_worker, .5), "to_worker_p99": _pct(to_worker, .99),
             "in_worker_p50": _pct(in_worker, .5), "in_worker_p99": _pct(in_worker, .99),
             "start_p50": _pct(total, .5), "start_p99": _pct(total, .99),
+            "redis_us_per_job": redis_us / max(1, len(calls)),
             "handed_share": stats.get("handed", 0) / max(1, stats.get("enqueued", 1))}
 
 
@@ -124,13 +133,14 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
     cols = ["start", "call", "to_worker", "in_worker"]
     print("| tree | jobs/s | " + " | ".join(f"{c.replace('_', ' ')} p50 / p99 (ms)"
-                                             for c in cols) + " | handed |")
-    print("|---|---|" + "---|" * len(cols) + "---|")
+                                             for c in cols) + " | handed | redis µs/job |")
+    print("|---|---|" + "---|" * len(cols) + "---|---|")
     for (t, rate), runs in res.items():
         def med(k: str, runs: list[dict[str, float]] = runs) -> float:
             return float(statistics.median(r[k] for r in runs))
         cells = [f"{med(c + '_p50'):.3f} / {med(c + '_p99'):.3f}" for c in cols]
-        print(f"| {t} | {rate:,.0f} | " + " | ".join(cells) + f" | {med('handed_share'):.0%} |")
+        print(f"| {t} | {rate:,.0f} | " + " | ".join(cells)
+              + f" | {med('handed_share'):.0%} | {med('redis_us_per_job'):.1f} |")
     return 0
 
 

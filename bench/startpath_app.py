@@ -93,10 +93,64 @@ def _produce_sync(rate: float, duration_s: float) -> list[float]:
     return calls
 
 
+def _script_usec() -> int:
+    """The server's time in ``EVALSHA`` so far (µs; ``INFO commandstats``)."""
+    stats: dict[str, dict[str, int]] = app.redis.info("commandstats")  # type: ignore[assignment]
+    return stats.get("cmdstat_evalsha", {}).get("usec", 0)
+
+
+def call_costs(api: str, n: int, idle_n: int, sleep_ms: float) -> dict[str, float]:
+    """``python -m bench.callcost``: µs per ``enqueue`` (``aenqueue``) call, nobody
+    consuming: ``n`` calls back to back (the mean, and the server's script time per
+    call), then ``idle_n`` calls each made after ``sleep_ms`` of sleep (the median)."""
+    idle: list[float] = []
+    if api == "sync":
+        for _ in range(100):  # warm: connection, scripts, sequence numbers
+            probe.enqueue(0.0)
+        usec = _script_usec()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            probe.enqueue(0.0)
+        tight = time.perf_counter() - t0
+        usec = _script_usec() - usec
+        for _ in range(idle_n):
+            time.sleep(sleep_ms / 1000)
+            t = time.perf_counter()
+            probe.enqueue(0.0)
+            idle.append(time.perf_counter() - t)
+        app.close()
+    else:
+        async def run() -> tuple[float, int]:
+            for _ in range(100):
+                await probe.aenqueue(0.0)
+            usec = _script_usec()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                await probe.aenqueue(0.0)
+            tight = time.perf_counter() - t0
+            usec = _script_usec() - usec
+            for _ in range(idle_n):
+                await asyncio.sleep(sleep_ms / 1000)
+                t = time.perf_counter()
+                await probe.aenqueue(0.0)
+                idle.append(time.perf_counter() - t)
+            await app.aclose()
+            return tight, usec
+        tight, usec = asyncio.run(run())
+        app.close()
+    idle.sort()
+    return {"tight_us": tight / n * 1e6, "idle_us": idle[len(idle) // 2] * 1e6,
+            "redis_us": usec / n}
+
+
 if __name__ == "__main__":
     import json
     import sys
 
+    if sys.argv[1] == "calls":
+        api, n, idle_n, sleep_ms = sys.argv[2], *map(int, sys.argv[3:5]), float(sys.argv[5])
+        print(json.dumps(call_costs(api, n, idle_n, sleep_ms)))
+        sys.exit(0)
     rate, duration_s = float(sys.argv[1]), float(sys.argv[2])
     sync = sys.argv[3:] == ["sync"]
     print(json.dumps(_produce_sync(rate, duration_s) if sync

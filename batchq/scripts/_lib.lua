@@ -287,6 +287,22 @@ local function mark_waiting(top, runs, wait0)
   end
 end
 
+-- mark_waiting, but for the numbers in `skip` (ascending): jobs enqueue.lua handed off
+-- are leased at once and never wait (their bits are neither set nor cleared).
+local function mark_waiting_but(top, runs, wait0, skip)
+  for first, count in string.gmatch(runs, '(%d+):(%d+)') do
+    local s = tonumber(first)
+    local last = s + tonumber(count) - 1
+    for _, x in ipairs(skip) do
+      if x >= s and x <= last then
+        if x > s then set_run(top, wait0, s, x - s, 1) end
+        s = x + 1
+      end
+    end
+    if s <= last then set_run(top, wait0, s, last - s + 1, 1) end
+  end
+end
+
 -- Set (bit 1) or clear (bit 0) the waiting bits of the sequence numbers in `seqs` (a
 -- list; runs of consecutive numbers, as a chunk's ids have and a FIFO pop takes, cost
 -- one to three commands each, instead of one SETBIT per job); top: the next free number.

@@ -51,14 +51,14 @@ if ARGV[1] == '1' then
     return -1
   end
 end
--- results/status/cancel: the jobs' bits, per run (not per job)
 local top = seq_top(seq)
-mark_waiting(top, ARGV[2], WAIT0)
 local first = 3
-if ARGV[1] ~= '1' and redis.call('ZCARD', idle) > 0 then
+local handed = {}  -- sequence numbers of the jobs handed off (they never wait)
+local live = ARGV[1] ~= '1' and redis.call('ZCARD', idle) or 0
+if live > 0 then
   local now = now_ms()
-  redis.call('ZREMRANGEBYSCORE', idle, '-inf', now)
-  local n = math.min(#ARGV - 2, redis.call('ZCARD', idle))
+  live = live - redis.call('ZREMRANGEBYSCORE', idle, '-inf', now)
+  local n = math.min(#ARGV - 2, live)
   if n > 0 and redis.call('EXISTS', paused) == 0
       and redis.call('HEXISTS', limits, QUEUE) == 0
       and tonumber(redis.call('ZSCORE', gwait, QUEUE) or '0') <= now then
@@ -74,8 +74,7 @@ if ARGV[1] ~= '1' and redis.call('ZCARD', idle) > 0 then
       hargs[#hargs + 1] = r
       zargs[#zargs + 1] = now + lease
       zargs[#zargs + 1] = id .. ':' .. (a + 1)
-      local slot, off = wait_pos(top, seq_of(id))
-      if slot then redis.call('SETBIT', KEYS[WAIT0 + slot], off, 0) end
+      handed[#handed + 1] = seq_of(id)
       first = first + 1
     end
     if #hargs > 0 then
@@ -85,6 +84,13 @@ if ARGV[1] ~= '1' and redis.call('ZCARD', idle) > 0 then
       redis.call('HINCRBY', stats, 'handed', #hargs / 2)
     end
   end
+end
+-- results/status/cancel: the waiting jobs' bits, per run (not per job)
+if #handed == 0 then
+  mark_waiting(top, ARGV[2], WAIT0)
+else
+  table.sort(handed)
+  mark_waiting_but(top, ARGV[2], WAIT0, handed)
 end
 redis.call('HINCRBY', stats, 'enqueued', #ARGV - 2)
 if first > #ARGV then

@@ -24,6 +24,9 @@ def test_startpath_splits_the_start_of_each_job(redis_url: str, api: str,
     # 100 jobs/s: the worker is blocked when each job comes, so it is handed them (a
     # stall of the box longer than the 10 ms between jobs may cost one)
     assert int(cells[6].rstrip("%")) >= 90, cells[6]
+    # the server's time in batchq's scripts and BLPOP per job: an enqueue, a hand-off
+    # and an ack at least, far below a millisecond
+    assert 1 < float(cells[7]) < 1000, cells[7]
 
 
 def test_startpath_refuses_bad_flags(capsys: pytest.CaptureFixture[str]) -> None:

@@ -47,6 +47,14 @@ def test_cluster_urls_select_cluster_clients(cluster: EmbeddedCluster) -> None:
     try:
         assert isinstance(sync, redis.cluster.RedisCluster)
         assert len(sync.get_primaries()) == 3  # one seed, every node discovered
+        # every node's client packs with hiredis, and so do the ones discovered later
+        fast = packing(redis.connection.Connection)
+        for node in sync.get_nodes():
+            assert node.redis_connection.connection_pool.connection_class is fast
+        assert sync.nodes_manager.connection_kwargs["connection_class"] is fast
+        sync.set("{packing}:k", "é")
+        assert sync.get("{packing}:k") == "é".encode()
+        sync.delete("{packing}:k")
     finally:
         sync.close()
     aclient = s.async_client()
@@ -71,6 +79,8 @@ def test_cluster_urls_select_cluster_clients(cluster: EmbeddedCluster) -> None:
     ac = tls.async_client()
     kw = ac.connection_kwargs
     assert kw["connection_class"] is packing(redis.asyncio.connection.SSLConnection)
+    assert tls.cluster  # the sync client dials its seed at once: only the class is checked
+    assert issubclass(packing(redis.connection.SSLConnection), redis.connection.SSLConnection)
     assert (kw["ssl_ca_certs"], kw["ssl_certfile"], kw["ssl_keyfile"]) == \
         ("/ca.pem", "/c.pem", "/k.pem")
 

@@ -137,3 +137,26 @@ def test_an_expired_handed_job_is_reaped_once_and_leaves_the_wake_list(
     assert r.lrange(k.wake, 0, -1) == [b"1"]  # the stale handed entry is gone
     assert r.lrange(k.ready_for(0), 0, -1) == [refunded(a, 1)]
     assert _pop(s, k, 5) == [refunded(a, 2)]  # it runs once, under a new lease name
+
+
+def test_handed_jobs_never_wait_and_the_rest_keep_their_bits(
+        redis_client: redis.Redis, s: SyncScripts, k: QueueKeys) -> None:
+    """The waiting bit (status, cancel) is set for the jobs that wait in the ready list
+    only: a handed job is leased by the call, whatever its place in the runs."""
+    r = redis_client
+    assert int(s.call(calls.reserve(k, 100))) == 0
+    r.setbit(k.waiting0, 9, 1)  # another producer's waiting job, next to the run
+    assert _pop(s, k, 5, me="w1") == [] and _pop(s, k, 5, me="w2") == []
+    # ids 12, 10, 11, 13 in call order (runs are sorted): 12 and 10 are handed
+    ids = [f"{'a' * 17}-{n:x}" for n in (12, 10, 11, 13)]
+    assert int(s.call(calls.enqueue(k, 0, [entry(i) for i in ids], check=False,
+                                    runs="10:4"))) == 2
+    assert r.hgetall(k.inflight).keys() == {ids[0].encode(), ids[1].encode()}
+    assert {i for i in range(100) if r.getbit(k.waiting0, i)} == {9, 11, 13}
+    # one registration: a single job is handed, its run sets no bit at all
+    r.delete(k.wake, k.ready_for(0))  # as if taken (and 11, 13 left waiting)
+    assert _pop(s, k, 5, me="w3") == []
+    one = f"{'a' * 17}-{14:x}"
+    assert int(s.call(calls.enqueue(k, 0, [entry(one)], check=False, runs="14:1"))) == 0
+    assert r.hexists(k.inflight, one)
+    assert {i for i in range(100) if r.getbit(k.waiting0, i)} == {9, 11, 13}

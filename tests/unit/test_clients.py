@@ -163,3 +163,38 @@ def test_async_clients_pack_commands_with_hiredis(redis_url: str, namespace: str
             await client.aclose()
 
     asyncio.run(roundtrip())
+
+
+def test_sync_clients_pack_commands_with_hiredis(redis_url: str, namespace: str) -> None:
+    """The synchronous clients pack the same way (redis-py's own sync packer copies the
+    arguments in a Python loop before hiredis packs them): the same bytes, the same
+    refusals, and real commands and pipelines still answered."""
+    plain = redis.connection.Connection()
+    for url, base in ((redis_url, redis.connection.Connection),
+                      ("unix:///tmp/no.sock", redis.connection.UnixDomainSocketConnection),
+                      ("rediss://127.0.0.1:1/0", redis.connection.SSLConnection)):
+        cls = RedisSettings(url).sync_client().connection_pool.connection_class
+        assert issubclass(cls, base) and issubclass(cls, connection._HiredisPacking), url
+        assert cls is connection.packing(base)
+    fast = connection.packing(redis.connection.Connection)()
+    for cmd in PACKED:
+        assert b"".join(fast.pack_command(*cmd)) == b"".join(plain.pack_command(*cmd)), cmd
+    with pytest.raises(redis.DataError):
+        fast.pack_command("SET", "k", True)
+
+    client = RedisSettings(redis_url).sync_client()
+    key = f"{namespace}:packed"
+    try:
+        assert client.rpush(key, "é", b"\x00\xff\r\n", 7, 1.5) == 4
+        pipe = client.pipeline(transaction=False)
+        pipe.lrange(key, 0, -1)
+        pipe.execute_command("CONFIG GET", "maxmemory")
+        values, config = pipe.execute()
+        assert values == ["é".encode(), b"\x00\xff\r\n", b"7", b"1.5"]
+        assert "maxmemory" in config
+        conn = client.connection_pool.get_connection()
+        assert isinstance(conn, connection._HiredisPacking)
+        client.connection_pool.release(conn)
+    finally:
+        client.delete(key)
+        client.close()
