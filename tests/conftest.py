@@ -17,6 +17,7 @@ for _path in (REPO_ROOT, REPO_ROOT / "tests"):
         sys.path.insert(0, str(_path))
 
 import helpers  # noqa: E402
+import reaper  # noqa: E402
 
 from batchq.dev.server import EmbeddedServer  # noqa: E402
 
@@ -25,6 +26,7 @@ TEST_REDIS_URL_ENV = "BATCHQ_TEST_REDIS_URL"
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: long-running test")
+    reaper.start()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
