@@ -16,8 +16,8 @@
 --          nothing) and nothing is written again
 -- ARGV[2]  the jobs' sequence numbers as runs "first:count,first:count" ("" for none)
 -- ARGV[3..] encoded jobs (1..1000 per call; the caller chunks)
--- Returns  the length of the ready list after the push, or -1 when the retry found the
---          jobs already written.
+-- Returns  the length of the ready list after the push, 0 when every job was handed off
+--          (nothing pushed), or -1 when the retry found the jobs already written.
 --
 -- Hand-off. A worker whose pop found nothing registers in the idle zset (pop.lua:
 -- member "<lease ms>|<worker>", scored by when the registration lapses) and blocks on
@@ -30,7 +30,10 @@
 -- an entry nobody takes, is reaped when the lease expires (pop.lua then also removes
 -- the entry from the wake list, so it never runs twice). Any pop of the queue claims
 -- handed entries still on the wake list before popping ready jobs. A retried call
--- (ARGV[1] = "1") hands nothing off.
+-- (ARGV[1] = "1") hands nothing off. The freshest registrations are taken first
+-- (ZPOPMAX): a lapsed one among them is dropped, the others wait until the live ones run
+-- out. A handed job's waiting bit is never set, and a call that hands off every job
+-- writes no bit and pushes nothing: the hand-off of one job is 11 commands.
 local ready = KEYS[1]
 local wake = KEYS[2]
 local inflight = KEYS[3]
@@ -51,31 +54,31 @@ if ARGV[1] == '1' then
     return -1
   end
 end
-local top = seq_top(seq)
 local first = 3
 local handed = {}  -- sequence numbers of the jobs handed off (they never wait)
-local live = ARGV[1] ~= '1' and redis.call('ZCARD', idle) or 0
-if live > 0 then
+if ARGV[1] ~= '1' and redis.call('ZCARD', idle) > 0 then
   local now = now_ms()
-  live = live - redis.call('ZREMRANGEBYSCORE', idle, '-inf', now)
-  local n = math.min(#ARGV - 2, live)
-  if n > 0 and redis.call('EXISTS', paused) == 0
+  if redis.call('EXISTS', paused) == 0
       and redis.call('HEXISTS', limits, QUEUE) == 0
       and tonumber(redis.call('ZSCORE', gwait, QUEUE) or '0') <= now then
-    local regs = redis.call('ZPOPMIN', idle, n)
+    -- the freshest registrations first; a lapsed one popped here is dropped (its worker
+    -- stopped or died), one never reached stays until the live ones run out
+    local regs = redis.call('ZPOPMAX', idle, #ARGV - 2)
     local hargs, zargs = {}, {}
     for i = 1, #regs, 2 do
-      local e = ARGV[first]
-      local p, a, mx, id, hl = parse(e)
-      if not p then break end  -- malformed: it waits in the ready list, pop buries it
-      local lease = tonumber(string.match(regs[i], '^(%d+)|')) or 30000
-      local r = with_attempt(e, p, a + 1, mx, id, hl)
-      hargs[#hargs + 1] = id
-      hargs[#hargs + 1] = r
-      zargs[#zargs + 1] = now + lease
-      zargs[#zargs + 1] = id .. ':' .. (a + 1)
-      handed[#handed + 1] = seq_of(id)
-      first = first + 1
+      if tonumber(regs[i + 1]) > now then
+        local e = ARGV[first]
+        local p, a, mx, id, hl = parse(e)
+        if not p then break end  -- malformed: it waits in the ready list, pop buries it
+        local lease = tonumber(string.match(regs[i], '^(%d+)|')) or 30000
+        local r = with_attempt(e, p, a + 1, mx, id, hl)
+        hargs[#hargs + 1] = id
+        hargs[#hargs + 1] = r
+        zargs[#zargs + 1] = now + lease
+        zargs[#zargs + 1] = id .. ':' .. (a + 1)
+        handed[#handed + 1] = seq_of(id)
+        first = first + 1
+      end
     end
     if #hargs > 0 then
       redis.call('HSET', inflight, unpack(hargs))
@@ -85,16 +88,17 @@ if live > 0 then
     end
   end
 end
+redis.call('HINCRBY', stats, 'enqueued', #ARGV - 2)
+if first > #ARGV then
+  return 0  -- every job handed off: nothing pushed, nothing waits
+end
 -- results/status/cancel: the waiting jobs' bits, per run (not per job)
+local top = seq_top(seq)
 if #handed == 0 then
   mark_waiting(top, ARGV[2], WAIT0)
 else
   table.sort(handed)
   mark_waiting_but(top, ARGV[2], WAIT0, handed)
-end
-redis.call('HINCRBY', stats, 'enqueued', #ARGV - 2)
-if first > #ARGV then
-  return redis.call('LLEN', ready)
 end
 local n = redis.call('RPUSH', ready, unpack(ARGV, first))
 leave_wake_token(wake)

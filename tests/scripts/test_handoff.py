@@ -105,6 +105,18 @@ def test_no_hand_off_when_paused_held_limited_retried_or_lapsed(
     time.sleep(0.01)
     _enqueue(s, k, entry("y"))
     assert r.zcard(k.idle) == 0 and r.llen(k.ready_for(0)) == 1
+    # beside a live one, the live one is taken first; the lapsed one stays until a call
+    # reaches it, and is then dropped (its job waits in the ready list)
+    r.delete(k.ready_for(0), k.wake)
+    r.zadd(k.idle, {f"{LEASE}|gone": server_ms(r) - 1})
+    assert _pop(s, k, 1, me="live") == []
+    assert _enqueue(s, k, entry("z1")) == 0  # handed: nothing pushed
+    assert r.zrange(k.idle, 0, -1) == [f"{LEASE}|gone".encode()]
+    assert r.lrange(k.wake, 0, -1) == [with_attempt(entry("z1"), 1)]
+    assert _enqueue(s, k, entry("z2")) == 1
+    assert r.zcard(k.idle) == 0 and not r.hexists(k.inflight, "z2")
+    r.delete(k.ready_for(0), k.wake, k.inflight, k.reserved)
+    _enqueue(s, k, entry("y"))
     # without a name, a pop registers nothing
     assert s.call(calls.pop(k, 5, LEASE, 100))[HEAD:] == [with_attempt(entry("y"), 1)]
     assert s.call(calls.pop(k, 5, LEASE, 100))[HEAD:] == [] and r.zcard(k.idle) == 0
@@ -160,3 +172,22 @@ def test_handed_jobs_never_wait_and_the_rest_keep_their_bits(
     assert int(s.call(calls.enqueue(k, 0, [entry(one)], check=False, runs="14:1"))) == 0
     assert r.hexists(k.inflight, one)
     assert {i for i in range(100) if r.getbit(k.waiting0, i)} == {9, 11, 13}
+
+
+def test_the_hand_off_of_one_job_is_eleven_commands(
+        redis_client: redis.Redis, s: SyncScripts, k: QueueKeys) -> None:
+    """Its server time sits between the producer's enqueue and the worker's BLPOP reply:
+    ZCARD, TIME, three gate reads, ZPOPMAX, HSET, ZADD, RPUSH and two HINCRBYs. No
+    bit of a handed job is written, and nothing is pushed on the ready list."""
+    r = redis_client
+    assert int(s.call(calls.reserve(k, 1))) >= 0
+    assert _pop(s, k, 5) == []
+    jid = f"{'a' * 17}-{int(r.get(k.seq)) - 1:x}"
+    r.config_resetstat()
+    assert _enqueue(s, k, entry(jid)) == 0
+    stats = r.info("commandstats")
+    ran = {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()
+           if not name.startswith(("cmdstat_evalsha", "cmdstat_script", "cmdstat_config",
+                                   "cmdstat_info"))}
+    assert ran == {"zcard": 1, "time": 1, "exists": 1, "hexists": 1, "zscore": 1,
+                   "zpopmax": 1, "hset": 1, "zadd": 1, "rpush": 1, "hincrby": 2}, ran
