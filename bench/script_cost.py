@@ -9,6 +9,13 @@ each phase. The trees alternate in every round on one embedded Valkey; medians a
 printed. Every lease is held until the acks, so the reservation set is as large as the
 run (a worker's stays small): the figures are an upper bound for a drain and mean most
 as a ratio. ``AFTER`` defaults to this checkout.
+
+``--handoff``: the server's time in one tree's ``enqueue.lua`` for a one-job enqueue
+that hands its job to a registered idle worker (a registration is added before each
+call, as a worker's empty pop adds it), and for one that finds nobody registered (the
+path of every enqueue to a busy queue); ``--calls`` calls a round, each after
+``--sleep-ms`` of sleep (0: back to back; a server at 200 jobs/s is idle ~5 ms between
+jobs, and runs every command several times slower then).
 """
 
 from __future__ import annotations
@@ -19,7 +26,13 @@ import os
 import statistics
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
+from typing import Any
+
+from batchq.keys import QueueKeys
+from batchq.scripts import calls
 
 from . import flow_cost
 from .harness import REPO_ROOT, Context
@@ -41,6 +54,30 @@ def _script_usec(ctx: Context) -> int:
                if name.removeprefix("cmdstat_") in ("evalsha", "eval"))
 
 
+def handoff_once(ctx: Context, src: str, calls_n: int, sleep_s: float, register: bool
+                 ) -> float:
+    """µs of server time per one-job ``enqueue.lua`` call (``src``), a worker registered
+    before each call (``register``) or none."""
+    r: Any = ctx.client
+    sha = r.script_load(src)
+    k = QueueKeys(ctx.namespace, f"handoff{uuid.uuid4().hex[:6]}")
+    first = int(r.incrby(k.seq, calls_n)) - calls_n
+    r.config_resetstat()
+    for i in range(calls_n):
+        if sleep_s:
+            time.sleep(sleep_s)
+        if register:
+            r.zadd(k.idle, {"30000|bench": 1e15})
+        jid = f"{'a' * 17}-{first + i:x}"
+        c = calls.enqueue(k, 0, [f"0:0:3:{jid}:".encode() + b"\x94\xa1t\x90\x80\x00"],
+                          check=False, runs=f"{first + i}:1")
+        r.evalsha(sha, len(c.keys), *c.keys, *c.args)
+    usec = _script_usec(ctx)
+    for key in r.scan_iter(f"{k.prefix}:*"):
+        r.delete(key)
+    return usec / calls_n
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.script_cost", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -48,8 +85,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("after", type=Path, nargs="?", default=REPO_ROOT)
     p.add_argument("--jobs", type=int, default=50_000)
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--handoff", action="store_true",
+                   help="time enqueue.lua's hand-off of one job instead of pop and ack")
+    p.add_argument("--calls", type=int, default=1000, help="with --handoff: calls a round")
+    p.add_argument("--sleep-ms", type=float, default=0.0,
+                   help="with --handoff: sleep before each call (default 0)")
     a = p.parse_args(argv)
     trees = [a.before.resolve(), a.after.resolve()]
+    if a.handoff:
+        handoff(trees, a.rounds, a.calls, a.sleep_ms / 1000)
+        return
     got: dict[Path, list[tuple[float, float]]] = {t: [] for t in trees}
     flow_cost._server_usec = _script_usec  # evalsha only (see above)
     with Context(None) as ctx:
@@ -66,6 +111,23 @@ def main(argv: list[str] | None = None) -> None:
         ack = statistics.median(v[1] for v in vals)
         tot = statistics.median(v[0] + v[1] for v in vals)
         print(f"| {t} | {pop:.2f} | {ack:.2f} | {tot:.2f} | {1e6 / tot:,.0f} jobs/s |")
+
+
+def handoff(trees: list[Path], rounds: int, calls_n: int, sleep_s: float) -> None:
+    got: dict[tuple[Path, bool], list[float]] = {}
+    with Context(None) as ctx:
+        for i in range(rounds):
+            for t in trees if i % 2 == 0 else trees[::-1]:
+                for register in (True, False):
+                    got.setdefault((t, register), []).append(handoff_once(
+                        ctx, script_source(t, "enqueue"), calls_n, sleep_s, register))
+    print(f"server time in enqueue.lua per one-job call, {calls_n:,} calls a round, "
+          f"{sleep_s * 1000:g} ms sleep before each, median of {rounds}")
+    print("| tree | handed off (µs/call) | nobody registered (µs/call) |")
+    print("|---|---|---|")
+    for t in dict.fromkeys(trees):
+        print(f"| {t} | {statistics.median(got[t, True]):.1f} "
+              f"| {statistics.median(got[t, False]):.1f} |")
 
 
 if __name__ == "__main__":
