@@ -25,7 +25,7 @@ import redis
 
 from batchq.dev.server import EmbeddedServer
 
-from .startpath import HERE
+from .startpath import HERE, checked_trees
 
 
 def one_run(url: str, tree: Path, api: str, calls: int, idle_calls: int,
@@ -66,10 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--api: sync, async or sync,async, not {a.api!r}")
     if min(a.calls, a.idle_calls, a.rounds) < 1 or a.sleep_ms < 0:
         p.error("--calls, --idle-calls and --rounds must be positive, --sleep-ms not negative")
-    trees = [Path(t).resolve() for t in a.trees.split(",")]
-    for t in trees:
-        if not (t / "batchq").is_dir():
-            p.error(f"--trees: {t} holds no batchq package")
+    trees = checked_trees(p, a.trees)
     server = None if a.redis_url else EmbeddedServer().start()
     url = a.redis_url or server.url  # type: ignore[union-attr]
     res: dict[tuple[Path, str], list[dict[str, float]]] = {}

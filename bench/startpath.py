@@ -98,6 +98,15 @@ def one_run(url: str, tree: Path, rate: float, duration_s: float, api: str = "as
             "handed_share": stats.get("handed", 0) / max(1, stats.get("enqueued", 1))}
 
 
+def checked_trees(p: argparse.ArgumentParser, text: str) -> list[Path]:
+    """``--trees``: the checkouts, each holding a ``batchq`` package (else exit 2)."""
+    trees = [Path(t).resolve() for t in text.split(",")]
+    for t in trees:
+        if not (t / "batchq").is_dir():
+            p.error(f"--trees: {t} holds no batchq package")
+    return trees
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.startpath", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -115,10 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         rates = [float(x) for x in a.rates.split(",")]
     except ValueError:
         p.error(f"--rates: not a list of numbers: {a.rates!r}")
-    trees = [Path(t).resolve() for t in a.trees.split(",")]
-    for t in trees:
-        if not (t / "batchq").is_dir():
-            p.error(f"--trees: {t} holds no batchq package")
+    trees = checked_trees(p, a.trees)
     server = None if a.redis_url else EmbeddedServer().start()
     url = a.redis_url or server.url  # type: ignore[union-attr]
     res: dict[tuple[Path, float], list[dict[str, float]]] = {}
