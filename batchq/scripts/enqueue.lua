@@ -54,6 +54,10 @@ if ARGV[1] == '1' then
     return -1
   end
 end
+-- the first write is one Redis refuses when it is out of memory (HINCRBY is "denyoom",
+-- ZPOPMAX is not): a full Redis then refuses the whole call before anything is written,
+-- registrations or not (a script that has written may go on past maxmemory)
+redis.call('HINCRBY', stats, 'enqueued', #ARGV - 2)
 local first = 3
 local handed = {}  -- sequence numbers of the jobs handed off (they never wait)
 if ARGV[1] ~= '1' and redis.call('ZCARD', idle) > 0 then
@@ -88,7 +92,6 @@ if ARGV[1] ~= '1' and redis.call('ZCARD', idle) > 0 then
     end
   end
 end
-redis.call('HINCRBY', stats, 'enqueued', #ARGV - 2)
 if first > #ARGV then
   return 0  -- every job handed off: nothing pushed, nothing waits
 end

@@ -65,6 +65,18 @@ def clamp(r: redis.Redis, below: int = 256 * 1024) -> int:
     return used - below
 
 
+IDLE = "30000|idle-worker"
+
+
+def _registered(r: redis.Redis, idle: str) -> bool:
+    """Register an idle worker (refused while the Redis is still over its limit)."""
+    try:
+        r.zadd(idle, {IDLE: 1e15})
+    except redis.ResponseError:
+        return False
+    return True
+
+
 def ready_entries(r: redis.Redis, app: batchq.App, queue: str = "default") -> list[bytes]:
     return [e for key in app.keys(queue).ready for e in r.lrange(key, 0, -1)]
 
@@ -79,8 +91,11 @@ def test_enqueue_into_a_full_redis_raises_enqueue_error_and_writes_nothing(
     work = fleet.app.tasks["work"]
     written, message = fill(work, "f")
     assert "maxmemory" in message and "work" in message, message
-    clamp(fleet.r)
     k = fleet.app.keys("default")
+    # an idle worker registered (as its empty pop registers it): a job handed off is
+    # written too, so the hand-off must be refused like the push
+    wait_until(lambda: _registered(fleet.r, k.idle), 5, message="the registration written")
+    clamp(fleet.r)
     before = (fleet.r.llen(k.ready_for(0)), fleet.r.zcard(k.delayed),
               enqueued_stat(fleet.r, fleet.app))
     assert before[0] == before[2] == len(written)
@@ -104,6 +119,8 @@ def test_enqueue_into_a_full_redis_raises_enqueue_error_and_writes_nothing(
     after = (fleet.r.llen(k.ready_for(0)), fleet.r.zcard(k.delayed),
              enqueued_stat(fleet.r, fleet.app))
     assert after == before
+    assert fleet.r.zscore(k.idle, IDLE) is not None  # not taken: nothing was handed
+    assert fleet.r.hlen(k.inflight) == 0 and fleet.r.lrange(k.wake, 0, -1) in ([], [b"1"])
     tokens = {codec.decode_entry(e, "default").args[0] for e in ready_entries(fleet.r,
                                                                                fleet.app)}
     assert tokens == set(written)
