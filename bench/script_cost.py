@@ -12,8 +12,9 @@ as a ratio. ``AFTER`` defaults to this checkout.
 
 ``--handoff``: the server's time in one tree's ``enqueue.lua`` for a one-job enqueue
 that hands its job to a registered idle worker (a registration is added before each
-call, as a worker's empty pop adds it), and for one that finds nobody registered (the
-path of every enqueue to a busy queue); ``--calls`` calls a round, each after
+call, as a worker's empty pop adds it), for one that finds nobody registered (the
+path of every enqueue to a busy queue), and in its ``pop.lua`` for the empty pop by
+which an idle worker registers (between two handed jobs); ``--calls`` calls a round, each after
 ``--sleep-ms`` of sleep (0: back to back; a server at 200 jobs/s is idle ~5 ms between
 jobs, and runs every command several times slower then).
 """
@@ -54,23 +55,31 @@ def _script_usec(ctx: Context) -> int:
                if name.removeprefix("cmdstat_") in ("evalsha", "eval"))
 
 
-def handoff_once(ctx: Context, src: str, calls_n: int, sleep_s: float, register: bool
+CASES = ("handed off", "nobody registered", "idle pop")
+"""``--handoff``'s cases: a one-job enqueue handed to a registered worker, one that finds
+nobody registered, and the empty pop by which an idle worker registers again."""
+
+
+def handoff_once(ctx: Context, tree: Path, calls_n: int, sleep_s: float, case: str
                  ) -> float:
-    """µs of server time per one-job ``enqueue.lua`` call (``src``), a worker registered
-    before each call (``register``) or none."""
+    """µs of server time per call of ``tree``'s script for ``case`` (``CASES``)."""
     r: Any = ctx.client
-    sha = r.script_load(src)
+    pop = case == "idle pop"
+    sha = r.script_load(script_source(tree, "pop" if pop else "enqueue"))
     k = QueueKeys(ctx.namespace, f"handoff{uuid.uuid4().hex[:6]}")
     first = int(r.incrby(k.seq, calls_n)) - calls_n
     r.config_resetstat()
     for i in range(calls_n):
         if sleep_s:
             time.sleep(sleep_s)
-        if register:
-            r.zadd(k.idle, {"30000|bench": 1e15})
-        jid = f"{'a' * 17}-{first + i:x}"
-        c = calls.enqueue(k, 0, [f"0:0:3:{jid}:".encode() + b"\x94\xa1t\x90\x80\x00"],
-                          check=False, runs=f"{first + i}:1")
+        if pop:
+            c = calls.pop(k, 100, 30_000, 100, "bench", 6_000)
+        else:
+            if case == "handed off":
+                r.zadd(k.idle, {"30000|bench": 1e15})
+            jid = f"{'a' * 17}-{first + i:x}"
+            c = calls.enqueue(k, 0, [f"0:0:3:{jid}:".encode() + b"\x94\xa1t\x90\x80\x00"],
+                              check=False, runs=f"{first + i}:1")
         r.evalsha(sha, len(c.keys), *c.keys, *c.args)
     usec = _script_usec(ctx)
     for key in r.scan_iter(f"{k.prefix}:*"):
@@ -114,20 +123,20 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def handoff(trees: list[Path], rounds: int, calls_n: int, sleep_s: float) -> None:
-    got: dict[tuple[Path, bool], list[float]] = {}
+    got: dict[tuple[Path, str], list[float]] = {}
     with Context(None) as ctx:
         for i in range(rounds):
             for t in trees if i % 2 == 0 else trees[::-1]:
-                for register in (True, False):
-                    got.setdefault((t, register), []).append(handoff_once(
-                        ctx, script_source(t, "enqueue"), calls_n, sleep_s, register))
-    print(f"server time in enqueue.lua per one-job call, {calls_n:,} calls a round, "
-          f"{sleep_s * 1000:g} ms sleep before each, median of {rounds}")
-    print("| tree | handed off (µs/call) | nobody registered (µs/call) |")
-    print("|---|---|---|")
+                for case in CASES:
+                    got.setdefault((t, case), []).append(
+                        handoff_once(ctx, t, calls_n, sleep_s, case))
+    print(f"server time per call (µs), {calls_n:,} calls a round, {sleep_s * 1000:g} ms "
+          f"sleep before each, median of {rounds}")
+    print("| tree | " + " | ".join(CASES) + " |")
+    print("|---|" + "---|" * len(CASES))
     for t in dict.fromkeys(trees):
-        print(f"| {t} | {statistics.median(got[t, True]):.1f} "
-              f"| {statistics.median(got[t, False]):.1f} |")
+        print(f"| {t} | " + " | ".join(f"{statistics.median(got[t, c]):.1f}" for c in CASES)
+              + " |")
 
 
 if __name__ == "__main__":

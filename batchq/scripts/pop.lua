@@ -264,18 +264,23 @@ if want > 0 then
 end
 if want > 0 and redis.call('EXISTS', paused) == 0 then
   local deadline = now + lease
-  local any_recovered = redis.call('HLEN', recovered) > 0
-  local any_tombstones = redis.call('HLEN', cancel) > 0
   local hargs, zargs, ids = {}, {}, {}
   local dropped = 0
   local g_gone = {}  -- grouped jobs dropped here: they leave their group's quota count
-  -- tracked jobs: only while a campaign is cancelled on this queue ("~cancelled" > 0)
-  -- is each one's campaign flag looked up, to drop it; otherwise they cost nothing here
-  local any_cancelled = tonumber(redis.call('HGET', campaigns, '~cancelled') or '0') > 0
+  -- read once, when the first job is taken (an empty pop reads none of them):
+  -- recovered jobs, cancelled ones, and tracked jobs (only while a campaign is
+  -- cancelled on this queue, "~cancelled" > 0, is each one's campaign flag looked up,
+  -- to drop it; otherwise they cost nothing here)
+  local any_recovered, any_tombstones, any_cancelled
   local flags, skipped = {}, {}
 
   -- one popped entry: reserved (true), or dropped (cancelled, malformed)
   local function take(e)
+    if any_recovered == nil then
+      any_recovered = redis.call('HLEN', recovered) > 0
+      any_tombstones = redis.call('HLEN', cancel) > 0
+      any_cancelled = tonumber(redis.call('HGET', campaigns, '~cancelled') or '0') > 0
+    end
     local ep, a, mx, id, hl = parse(e)
     if ep and any_tombstones and redis.call('HDEL', cancel, id) == 1 then
       -- cancelled while it waited (cancel.lua): dropped, never run
@@ -359,10 +364,16 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   end
   -- what each participant gets this call, taken in turns below (one job each per turn)
   local lanes, lane_group = {{}}, {false}
+  -- how many of the ten ready lists hold jobs (one command: an empty pop, the idle
+  -- worker's, makes no LPOP at all, and none is made below the last non-empty list)
+  local nonempty = plain > 0 and redis.call('EXISTS', ready_key(9), ready_key(8),
+    ready_key(7), ready_key(6), ready_key(5), ready_key(4), ready_key(3), ready_key(2),
+    ready_key(1), ready_key(0)) or 0
   for p = 9, 0, -1 do
-    if plain <= 0 then break end
+    if plain <= 0 or nonempty == 0 then break end
     local items = redis.call('LPOP', ready_key(p), plain)
     if items then
+      nonempty = nonempty - 1
       plain = plain - #items
       want = want - #items
       if #sel == 0 then

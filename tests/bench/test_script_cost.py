@@ -27,9 +27,9 @@ def test_script_cost_reports_both_trees(capsys: pytest.CaptureFixture[str]) -> N
 
 def test_script_cost_times_the_hand_off(capsys: pytest.CaptureFixture[str]) -> None:
     script_cost.main([str(REPO), str(REPO), "--handoff", "--calls", "50", "--rounds", "1"])
-    rows = [line for line in capsys.readouterr().out.splitlines()
-            if line.startswith(f"| {REPO} |")]
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith(f"| {REPO} |")]
     assert len(rows) == 1
-    handed, nobody = (float(x) for x in rows[0].split("|")[2:4])
-    # the hand-off leases the job (HSET, ZADD, ZPOPMAX, ...): more work than a push
-    assert handed > 0 and nobody > 0
+    assert "| tree | handed off | nobody registered | idle pop |" in out
+    handed, nobody, idle_pop = (float(x) for x in rows[0].split("|")[2:5])
+    assert handed > 0 and nobody > 0 and idle_pop > 0

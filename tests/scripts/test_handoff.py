@@ -174,6 +174,40 @@ def test_handed_jobs_never_wait_and_the_rest_keep_their_bits(
     assert {i for i in range(100) if r.getbit(k.waiting0, i)} == {9, 11, 13}
 
 
+def _commands(r: redis.Redis) -> dict[str, int]:
+    """The commands the server ran since its last CONFIG RESETSTAT (inside scripts too),
+    but for the script calls, script loads and the stats commands themselves."""
+    stats = r.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()
+            if not name.startswith(("cmdstat_evalsha", "cmdstat_script", "cmdstat_config",
+                                    "cmdstat_info"))}
+
+
+def test_an_idle_workers_pop_is_fourteen_commands(
+        redis_client: redis.Redis, s: SyncScripts, k: QueueKeys) -> None:
+    """The pop a worker makes between two handed jobs (it registers again) runs on a
+    cold server at low rates: one EXISTS over the ten ready lists instead of ten LPOPs,
+    and the recovered / cancelled / campaign lookups only once a job is taken."""
+    r = redis_client
+    assert _pop(s, k, 5) == []
+    r.config_resetstat()
+    assert _pop(s, k, 5) == []
+    assert _commands(r) == {
+        "time": 1, "zrangebyscore": 4,  # due delayed, expired leases, groups' waits, next
+        "lpop": 1, "exists": 2,  # handed entries on the wake list, paused, ready lists
+        "zscore": 1, "hget": 1, "zrange": 3,  # queue hold and limit, groups, next times
+        "zadd": 1}  # the registration
+    # with jobs, the lookups come back (once per call) and the lists are popped down to
+    # the last one holding jobs only
+    r.rpush(k.ready_for(9), entry("p9"))
+    r.rpush(k.ready_for(5), entry("p5"))
+    r.config_resetstat()
+    assert _pop(s, k, 5) == [with_attempt(entry("p9"), 1), with_attempt(entry("p5"), 1)]
+    ran = _commands(r)
+    # LPOPs: the wake list, ready 9 down to 5; HLENs: recovered, cancelled, pending
+    assert ran["lpop"] == 1 + 5 and ran["hlen"] == 3, ran
+
+
 def test_the_hand_off_of_one_job_is_eleven_commands(
         redis_client: redis.Redis, s: SyncScripts, k: QueueKeys) -> None:
     """Its server time sits between the producer's enqueue and the worker's BLPOP reply:
@@ -185,9 +219,6 @@ def test_the_hand_off_of_one_job_is_eleven_commands(
     jid = f"{'a' * 17}-{int(r.get(k.seq)) - 1:x}"
     r.config_resetstat()
     assert _enqueue(s, k, entry(jid)) == 0
-    stats = r.info("commandstats")
-    ran = {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()
-           if not name.startswith(("cmdstat_evalsha", "cmdstat_script", "cmdstat_config",
-                                   "cmdstat_info"))}
+    ran = _commands(r)
     assert ran == {"zcard": 1, "time": 1, "exists": 1, "hexists": 1, "zscore": 1,
                    "zpopmax": 1, "hset": 1, "zadd": 1, "rpush": 1, "hincrby": 2}, ran
