@@ -30,9 +30,9 @@
 -- an entry nobody takes, is reaped when the lease expires (pop.lua then also removes
 -- the entry from the wake list, so it never runs twice). Any pop of the queue claims
 -- handed entries still on the wake list before popping ready jobs. A retried call
--- (ARGV[1] = "1") hands nothing off. The freshest registrations are taken first
--- (ZPOPMAX): a lapsed one among them is dropped, the others wait until the live ones run
--- out. A handed job's waiting bit is never set, and a call that hands off every job
+-- (ARGV[1] = "1") hands nothing off. Registrations are taken soonest-lapsing first
+-- (ZPOPMIN): a lapsed one (its worker stopped or died) is dropped when popped, and its
+-- job waits in the ready list like any job that found no registration. A handed job's waiting bit is never set, and a call that hands off every job
 -- writes no bit and pushes nothing: the hand-off of one job is 11 commands.
 local ready = KEYS[1]
 local wake = KEYS[2]
@@ -55,7 +55,7 @@ if ARGV[1] == '1' then
   end
 end
 -- the first write is one Redis refuses when it is out of memory (HINCRBY is "denyoom",
--- ZPOPMAX is not): a full Redis then refuses the whole call before anything is written,
+-- ZPOPMIN is not): a full Redis then refuses the whole call before anything is written,
 -- registrations or not (a script that has written may go on past maxmemory)
 redis.call('HINCRBY', stats, 'enqueued', #ARGV - 2)
 local first = 3
@@ -65,9 +65,8 @@ if ARGV[1] ~= '1' and redis.call('ZCARD', idle) > 0 then
   if redis.call('EXISTS', paused) == 0
       and redis.call('HEXISTS', limits, QUEUE) == 0
       and tonumber(redis.call('ZSCORE', gwait, QUEUE) or '0') <= now then
-    -- the freshest registrations first; a lapsed one popped here is dropped (its worker
-    -- stopped or died), one never reached stays until the live ones run out
-    local regs = redis.call('ZPOPMAX', idle, #ARGV - 2)
+    -- one registration per job; a lapsed one popped here is dropped, not used
+    local regs = redis.call('ZPOPMIN', idle, #ARGV - 2)
     local hargs, zargs = {}, {}
     for i = 1, #regs, 2 do
       if tonumber(regs[i + 1]) > now then

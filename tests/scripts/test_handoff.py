@@ -105,16 +105,16 @@ def test_no_hand_off_when_paused_held_limited_retried_or_lapsed(
     time.sleep(0.01)
     _enqueue(s, k, entry("y"))
     assert r.zcard(k.idle) == 0 and r.llen(k.ready_for(0)) == 1
-    # beside a live one, the live one is taken first; the lapsed one stays until a call
-    # reaches it, and is then dropped (its job waits in the ready list)
+    # beside a live one, the lapsed one (the soonest to lapse) is popped first and
+    # dropped: its job waits in the ready list; the next job takes the live one
     r.delete(k.ready_for(0), k.wake)
     r.zadd(k.idle, {f"{LEASE}|gone": server_ms(r) - 1})
     assert _pop(s, k, 1, me="live") == []
-    assert _enqueue(s, k, entry("z1")) == 0  # handed: nothing pushed
-    assert r.zrange(k.idle, 0, -1) == [f"{LEASE}|gone".encode()]
-    assert r.lrange(k.wake, 0, -1) == [with_attempt(entry("z1"), 1)]
-    assert _enqueue(s, k, entry("z2")) == 1
-    assert r.zcard(k.idle) == 0 and not r.hexists(k.inflight, "z2")
+    assert _enqueue(s, k, entry("z1")) == 1  # pushed: nobody live took it
+    assert r.zrange(k.idle, 0, -1) == [f"{LEASE}|live".encode()]
+    assert _enqueue(s, k, entry("z2")) == 0  # handed: nothing pushed
+    assert r.zcard(k.idle) == 0 and r.hexists(k.inflight, "z2")
+    assert r.lrange(k.wake, 0, -1) == [b"1", with_attempt(entry("z2"), 1)]
     r.delete(k.ready_for(0), k.wake, k.inflight, k.reserved)
     _enqueue(s, k, entry("y"))
     # without a name, a pop registers nothing
@@ -211,7 +211,7 @@ def test_an_idle_workers_pop_is_fourteen_commands(
 def test_the_hand_off_of_one_job_is_eleven_commands(
         redis_client: redis.Redis, s: SyncScripts, k: QueueKeys) -> None:
     """Its server time sits between the producer's enqueue and the worker's BLPOP reply:
-    ZCARD, TIME, three gate reads, ZPOPMAX, HSET, ZADD, RPUSH and two HINCRBYs. No
+    ZCARD, TIME, three gate reads, ZPOPMIN, HSET, ZADD, RPUSH and two HINCRBYs. No
     bit of a handed job is written, and nothing is pushed on the ready list."""
     r = redis_client
     assert int(s.call(calls.reserve(k, 1))) >= 0
@@ -221,4 +221,4 @@ def test_the_hand_off_of_one_job_is_eleven_commands(
     assert _enqueue(s, k, entry(jid)) == 0
     ran = _commands(r)
     assert ran == {"zcard": 1, "time": 1, "exists": 1, "hexists": 1, "zscore": 1,
-                   "zpopmax": 1, "hset": 1, "zadd": 1, "rpush": 1, "hincrby": 2}, ran
+                   "zpopmin": 1, "hset": 1, "zadd": 1, "rpush": 1, "hincrby": 2}, ran

@@ -23,7 +23,7 @@ BATCHQ_COMMANDS = (
     "+zrevrange", "+hscan",
     # the hand-off: enqueue.lua takes idle workers' registrations, pop.lua removes a
     # reaped handed-off job from the wake list
-    "+zpopmax", "+lrem",
+    "+zpopmin", "+lrem",
     # results, status, cancel: job sequence numbers (reserve.lua), the ready-job bitmaps,
     # the per-job channels (scripts publish, result() subscribes)
     "+incrby", "+setbit", "+getbit", "+bitfield", "+setrange", "+publish", "+subscribe",
