@@ -14,8 +14,8 @@ as a ratio. ``AFTER`` defaults to this checkout.
 that hands its job to a registered idle worker (a registration is added before each
 call, as a worker's empty pop adds it), for one that finds nobody registered (the
 path of every enqueue to a busy queue), and in its ``pop.lua`` for the empty pop by
-which an idle worker registers (between two handed jobs); ``--calls`` calls a round, each after
-``--sleep-ms`` of sleep (0: back to back; a server at 200 jobs/s is idle ~5 ms between
+which an idle worker registers (between two handed jobs); ``--calls`` calls a round,
+each after ``--sleep-ms`` of sleep (0: back to back; a server at 200 jobs/s is idle ~5 ms between
 jobs, and runs every command several times slower then).
 """
 
@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--jobs", type=int, default=50_000)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--handoff", action="store_true",
-                   help="time enqueue.lua's hand-off of one job instead of pop and ack")
+                   help="time a one-job enqueue (handed off, or to nobody registered) and "
+                   "an idle worker's pop instead of a drain's pop and ack")
     p.add_argument("--calls", type=int, default=1000, help="with --handoff: calls a round")
     p.add_argument("--sleep-ms", type=float, default=0.0,
                    help="with --handoff: sleep before each call (default 0)")
