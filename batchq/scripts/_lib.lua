@@ -280,16 +280,11 @@ local function set_run(top, wait0, s, left, bit)
   end
 end
 
--- The waiting bits of runs given as text ("first:count,first:count", "" for none).
-local function mark_waiting(top, runs, wait0)
-  for first, count in string.gmatch(runs, '(%d+):(%d+)') do
-    set_run(top, wait0, tonumber(first), tonumber(count), 1)
-  end
-end
-
--- mark_waiting, but for the numbers in `skip` (ascending): jobs enqueue.lua handed off
--- are leased at once and never wait (their bits are neither set nor cleared).
-local function mark_waiting_but(top, runs, wait0, skip)
+-- The waiting bits of runs given as text ("first:count,first:count", "" for none), but
+-- for the numbers in `skip` (a list, ascending; nil for none): jobs enqueue.lua handed
+-- off are leased at once and never wait (their bits are neither set nor cleared).
+local function mark_waiting(top, runs, wait0, skip)
+  skip = skip or {}
   for first, count in string.gmatch(runs, '(%d+):(%d+)') do
     local s = tonumber(first)
     local last = s + tonumber(count) - 1

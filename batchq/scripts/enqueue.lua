@@ -32,8 +32,9 @@
 -- handed entries still on the wake list before popping ready jobs. A retried call
 -- (ARGV[1] = "1") hands nothing off. Registrations are taken soonest-lapsing first
 -- (ZPOPMIN): a lapsed one (its worker stopped or died) is dropped when popped, and its
--- job waits in the ready list like any job that found no registration. A handed job's waiting bit is never set, and a call that hands off every job
--- writes no bit and pushes nothing: the hand-off of one job is 11 commands.
+-- job waits in the ready list like any job that found no registration. A handed job's
+-- waiting bit is never set, and a call that hands off every job writes no bit and pushes
+-- nothing: the hand-off of one job is 11 commands.
 local ready = KEYS[1]
 local wake = KEYS[2]
 local inflight = KEYS[3]
@@ -95,13 +96,8 @@ if first > #ARGV then
   return 0  -- every job handed off: nothing pushed, nothing waits
 end
 -- results/status/cancel: the waiting jobs' bits, per run (not per job)
-local top = seq_top(seq)
-if #handed == 0 then
-  mark_waiting(top, ARGV[2], WAIT0)
-else
-  table.sort(handed)
-  mark_waiting_but(top, ARGV[2], WAIT0, handed)
-end
+table.sort(handed)
+mark_waiting(seq_top(seq), ARGV[2], WAIT0, handed)
 local n = redis.call('RPUSH', ready, unpack(ARGV, first))
 leave_wake_token(wake)
 return n
