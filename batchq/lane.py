@@ -1,5 +1,5 @@
-"""A fast lane for batchq's own commands: one connection of a plain client's pool, held
-for the life of the client, through which a command goes straight to the connection
+"""A fast lane for batchq's own commands: connections of a plain client's pool, held
+for the life of the client, through which a command goes straight to a connection
 (pack, send, read the reply).
 
 redis-py 8 sends each command of a client through a connection pool that takes an
@@ -16,8 +16,11 @@ keeps every behaviour a caller sees:
 * any error while sending or reading disconnects it, as in redis-py (the connection
   layer does this itself), and the next command connects again;
 * an error reply raises as from the client (``ResponseError``, ``NoScriptError``);
-* one command at a time: a caller that finds the lane busy (another coroutine's command
-  on the wire, another thread's) goes through the client as before;
+* one command at a time per connection. An asyncio lane holds up to
+  ``ASYNC_LANE_CONNECTIONS`` (a worker has two pops and an ack on the wire at once while
+  it drains a backlog): a coroutine that finds every held one busy takes one more from
+  the pool and keeps it, and past that number goes through the client as before. A
+  synchronous lane holds one; a thread that finds it busy goes through the client;
 * closing the client closes the lane's connection with the others (a pool disconnects
   the connections it lent too), and a forked child never uses its parent's lane.
 
@@ -35,35 +38,51 @@ import redis
 import redis.asyncio
 import redis.asyncio.connection as aconn
 
+ASYNC_LANE_CONNECTIONS = 4
+"""Connections an asyncio lane holds at most (commands it runs at once)."""
+
 
 class AsyncLane:
     """The lane of one plain asyncio client (``execute`` like ``execute_command``)."""
 
-    __slots__ = ("_busy", "_client", "_conn", "_pid")
+    __slots__ = ("_client", "_free", "_held", "_pid")
 
     def __init__(self, client: redis.asyncio.Redis) -> None:
         self._client: Any = client  # redis-py leaves execute_command untyped
-        self._conn: aconn.AbstractConnection | None = None
-        self._busy = False
+        self._free: list[aconn.AbstractConnection] = []
+        """Held connections with no command on the wire (the last one used at the end)."""
+        self._held = 0
         self._pid = os.getpid()
+
+    @property
+    def held(self) -> int:
+        """Connections taken from the pool and held by the lane."""
+        return self._held
 
     async def execute(self, *args: Any) -> Any:
         """Run one command (its reply unparsed by response callbacks: batchq's scripts
         and the commands it sends here have none)."""
-        if self._busy or self._pid != os.getpid():
+        if self._pid != os.getpid():
             return await self._client.execute_command(*args)
-        self._busy = True
-        try:
-            conn = self._conn
-            if conn is None:
+        free = self._free
+        if free:
+            conn = free.pop()
+        elif self._held < ASYNC_LANE_CONNECTIONS:
+            self._held += 1  # before the await: two callers never pass the cap
+            try:
                 conn = await self._client.connection_pool.get_connection()
-                self._conn = conn
-            elif conn.is_connected:
+            except BaseException:
+                self._held -= 1
+                raise
+        else:
+            return await self._client.execute_command(*args)
+        try:
+            if conn.is_connected:
                 await _acheck(conn)
             await conn.send_packed_command(conn.pack_command(*args))
             return await conn.read_response()
         finally:
-            self._busy = False
+            free.append(conn)
 
 
 class SyncLane:

@@ -11,6 +11,12 @@ queue after queue in strict order: ``selection``) pops and reserves jobs, promot
 delayed jobs and reaps expired leases. A failed pop backs off from 0.1 s to 5 s and
 never crashes the worker.
 
+Read-ahead: a pop round that came back full sends the next round (up to
+``READ_AHEAD`` on the wire) as soon as its reply is in, before its jobs wake a runner,
+while the prefetch limit has room for a whole batch more (not in strict order). The server pops the
+next batch while the worker runs this one; the loop takes the replies in the order sent,
+and a stop waits for the ones on the wire so their jobs are given back, not stranded.
+
 When no queue has work the fetcher waits idle (``wake.Waiter``: a BLPOP on the queues'
 wake lists) until an enqueue wakes it, the next delayed job is due, a lease expires,
 ``max_block_s`` passes, or a stop.
@@ -27,9 +33,12 @@ would never end).
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import logging
 import math
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 from .. import codec
@@ -49,6 +58,11 @@ PREFETCH_HORIZON_S = 0.005
 """The prefetch covers the jobs expected to finish within this long (or two fetch round
 trips, whichever is longer): enough to keep the runners busy while the next pop is on
 the wire, little enough that a higher-priority job is not stuck behind it."""
+
+READ_AHEAD = 2
+"""Pop rounds a worker keeps on the wire while its queues have a backlog: one in the
+server's hands while the reply of the other is run. With one, the server and the worker
+took turns (a drain of no-op jobs left the worker idle a third of the time)."""
 
 RTT_EWMA_ALPHA = 0.2
 
@@ -80,6 +94,14 @@ class Fetcher:
         self._limit_key: tuple[float | None, float] = (-1.0, -1.0)
         self._limit = 0
         """``limit()`` and what it was computed from (``run_s``, ``_rtt_s``)."""
+        self._ahead: collections.deque[asyncio.Task[tuple[int, float]]] = collections.deque()
+        """Pops sent ahead (``_send_ahead``), oldest first: the fetch loop takes their
+        replies' outcomes in the order they were sent."""
+        self._turn: asyncio.Future[None] | None = None
+        """Done once the last pop sent has taken in its jobs (``pop``)."""
+        self._wire = 0
+        self._wire_n = 0
+        """Pops of the one served queue on the wire, and the jobs they may bring."""
         self._idle_ms = int((s.max_block_s + 1) * 1000)
         """A registration lapses this long after the empty pop that made it: a little
         after the blocking wait that follows it ends."""
@@ -125,11 +147,69 @@ class Fetcher:
         return limit
 
     async def fetch_loop(self) -> None:
+        try:
+            await self._fetch_loop()
+        finally:
+            await self._collect_ahead()
+
+    async def _collect_ahead(self) -> None:
+        """Stopping with pops still on the wire: their jobs are leased already, so they
+        are taken in (and given back unstarted by the drain), not left to expire."""
+        while self._ahead:
+            task = self._ahead[0]
+            try:
+                await task
+            except REDIS_ERRORS as exc:
+                log.warning("a pop sent ahead failed while stopping (%s)", exc)
+            finally:
+                self._ahead.popleft()
+
+    def _send_ahead(self, got: int) -> None:
+        """A pop round came back full (every queue asked gave all it was asked for)
+        with ``got`` jobs: more are likely waiting, so keep up to ``READ_AHEAD`` rounds
+        on the wire, sent now, before those jobs wake a runner (a runner of jobs that
+        never yield holds the loop until they are all run). The server then pops the
+        next batch while this process runs the last one, instead of the two taking
+        turns. Not in strict order, whose round asks queue after queue."""
+        st, s = self.st, self.st.settings
+        if st.stopping or st.fetch_paused or self.selector.strict:
+            return
+        batch = s.fetch_batch
+        free = self.limit() - st.in_flight - got - self._wire_n
+        if s.max_jobs is not None:
+            free = min(free, s.max_jobs - st.jobs_done - st.in_flight - got - self._wire_n)
+        while self._wire < READ_AHEAD and free >= batch and len(st.work) < 2 * batch:
+            # one queue: a batch; several: the room shared by the rounds still to send,
+            # which each round's plan splits over the queues
+            n = batch if len(st.queues) == 1 else max(batch, free // (READ_AHEAD - self._wire))
+            self._ahead.append(asyncio.create_task(self.pop(n)))
+            self._wire += 1  # counted now: the task sends when the loop turns
+            self._wire_n += n
+            free -= n
+
+    async def _on_wire(self, aw: Awaitable[Any], n: int, ahead: bool, free: int,
+                       prev: asyncio.Future[None] | None) -> Any:
+        """Await a pop round's reply, counted on the wire (``n`` jobs at most; a round
+        sent ahead was counted with its ``free`` when sent); then wait until the round
+        sent before it has taken its jobs in, so jobs start in the order popped."""
+        if not ahead:
+            self._wire += 1
+            self._wire_n += n
+        try:
+            res = await aw
+        finally:
+            self._wire -= 1
+            self._wire_n -= free if ahead else n
+        if prev is not None and not prev.done():
+            await prev
+        return res
+
+    async def _fetch_loop(self) -> None:
         st = self.st
         s = st.settings
         pause = 0.0
         while not st.stopping:
-            if st.fetch_paused:
+            if st.fetch_paused and not self._ahead:
                 if self.waiter.registered:
                     # a paused worker takes nothing: no job may be handed to it
                     await self.waiter.withdraw()
@@ -137,10 +217,10 @@ class Fetcher:
                 st.room.clear()
                 await st.room.wait()
                 continue
-            free = self.limit() - st.in_flight
+            free = self.limit() - st.in_flight - self._wire_n
             if s.max_jobs is not None:
-                free = min(free, s.max_jobs - st.jobs_done - st.in_flight)
-                if free <= 0 and st.in_flight == 0:
+                free = min(free, s.max_jobs - st.jobs_done - st.in_flight - self._wire_n)
+                if free <= 0 and st.in_flight == 0 and not self._ahead:
                     log.info("max jobs (%d) reached: recycling", s.max_jobs)
                     st.recycled = True
                     st.stopping = True
@@ -150,12 +230,18 @@ class Fetcher:
                 free = 0  # batch handlers: wait until a whole batch can be fetched
             elif unit > 1 and free > unit:
                 free -= free % unit
-            if free <= 0 or len(st.work) >= 2 * s.fetch_batch:
+            if not self._ahead and (free <= 0 or len(st.work) >= 2 * s.fetch_batch):
                 st.room.clear()
                 await st.room.wait()
                 continue
             try:
-                got, wait_s = await self.pop(free)
+                if self._ahead:
+                    try:
+                        got, wait_s = await self._ahead[0]
+                    finally:
+                        self._ahead.popleft()
+                else:
+                    got, wait_s = await self.pop(free)
                 pause = 0.0
             except REDIS_ERRORS as exc:
                 # a lost connection, or a server refusing (out of memory, read-only
@@ -164,9 +250,10 @@ class Fetcher:
                 log.warning("fetch failed (%s); retrying in %.1fs", exc, pause)
                 await st.sleep_unless_stopped(pause)
                 continue
-            if got or len(self._tried) < len(st.queues):
-                # jobs came, or a queue was not asked this time (its share was 0, or
-                # rotation): ask the others before idling
+            if got or len(self._tried) < len(st.queues) or self._ahead:
+                # jobs came, a queue was not asked this time (its share was 0, or
+                # rotation), or a pop is still on the wire: ask (or hear) the others
+                # before idling
                 continue
             self._tried.clear()
             if s.burst:
@@ -190,16 +277,36 @@ class Fetcher:
 
     async def pop(self, free: int) -> tuple[int, float]:
         """Pop from the served queues (``selection``: rotating, weighted or strict);
-        returns (jobs got, idle wait)."""
+        returns (jobs got, idle wait). With pops on the wire at once (read-ahead), each
+        takes its jobs in only after the one sent before it has: their replies may be
+        read in another order (two connections), but jobs start in the order popped."""
+        prev, mine = self._turn, asyncio.get_running_loop().create_future()
+        self._turn = mine
+        try:
+            return await self._pop(free, prev)
+        finally:
+            mine.set_result(None)
+
+    async def _pop(self, free: int, prev: asyncio.Future[None] | None
+                   ) -> tuple[int, float]:
         st = self.st
         s = st.settings
         qs = st.queues
         lease_ms = int(s.lease_s * 1000)
         t0 = time.perf_counter()
         asked: list[tuple[QueueKeys, int, Any]] = []
+        ahead = bool(self._ahead) and asyncio.current_task() in self._ahead
+        if ahead and (st.stopping or st.fetch_paused):
+            self._wire -= 1  # sent ahead (and counted then), but no longer wanted
+            self._wire_n -= free
+            return 0, 0.0
         if len(qs) == 1:
             want = min(free, s.fetch_batch)
-            asked.append((qs[0], want, await self._call(qs[0], want, lease_ms)))
+            res = await self._on_wire(self._call(qs[0], want, lease_ms), want, ahead, free,
+                                      prev)
+            if len(res) - _HEAD >= want:
+                self._send_ahead(len(res) - _HEAD)
+            asked.append((qs[0], want, res))
         elif self.selector.strict:
             # the first queue first; only what it could not fill goes to the next
             for k in [qs[i] for i in self.selector.strict_order()]:
@@ -219,8 +326,13 @@ class Fetcher:
             pipe = st.redis.pipeline(transaction=False)
             for i, want in plan:
                 await st.scripts.call(self._pop_call(qs[i], want, lease_ms), client=pipe)
-            results = await arun_pipeline(pipe, st.redis)
+            total = sum(want for _, want in plan)
+            results = await self._on_wire(arun_pipeline(pipe, st.redis), total, ahead, free,
+                                          prev)
             asked = [(qs[i], want, r) for (i, want), r in zip(plan, results, strict=True)]
+            if total and all(not isinstance(r, Exception) and len(r) - _HEAD >= want
+                             for _, want, r in asked):
+                self._send_ahead(sum(len(r) - _HEAD for _, _, r in asked))
         failed = [r for _, _, r in asked if isinstance(r, Exception)]
         if len(failed) == len(asked):
             raise failed[0]

@@ -47,6 +47,10 @@ def build(redis_url: str, namespace: str, log_path: str | None = None) -> batchq
         record("noop", token)
 
     @app.task
+    async def quiet(token: Any) -> None:
+        """A no-op that records nothing: a drain of these outpaces the server."""
+
+    @app.task
     def sync_noop(token: Any) -> None:
         record("sync_noop", token)
 

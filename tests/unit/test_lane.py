@@ -1,7 +1,8 @@
 """batchq.lane: the connection a plain client's scripts go through without redis-py's
 per-command machinery, on a real server: the same replies and errors as the client, a
 connection the server closed is replaced before the command, a cancelled command never
-leaves its reply for the next one, one command at a time (the rest go through the pool),
+leaves its reply for the next one, one command at a time per held connection (a few held
+by an asyncio lane, the rest through the pool),
 threads, a forked child, closing, and which clients get a lane."""
 
 from __future__ import annotations
@@ -141,10 +142,23 @@ def test_async_lane_cancel_busy_closed_by_server_and_aclose(
         with pytest.raises(NoScriptError):
             await ln.execute("EVALSHA", "0" * 40, 0)
 
-        # a command on the wire holds the lane: the next one goes through the pool
+        # a command on the wire holds its connection: the next one takes another from
+        # the pool, which the lane keeps (up to ASYNC_LANE_CONNECTIONS); past that,
+        # commands go through the client
         blocked = asyncio.ensure_future(ln.execute("BLPOP", k, 5))
         await asyncio.sleep(0.1)
-        assert await asyncio.wait_for(ln.execute("CLIENT", "ID"), 2) != cid
+        other = await asyncio.wait_for(ln.execute("CLIENT", "ID"), 2)
+        assert other != cid and ln.held == 2
+        assert await ln.execute("CLIENT", "ID") == other  # kept: a held one, not the pool's
+        more = [asyncio.ensure_future(ln.execute("BLPOP", f"{k}:{i}", 5))
+                for i in range(lane.ASYNC_LANE_CONNECTIONS - 1)]
+        await asyncio.sleep(0.1)
+        assert ln.held == lane.ASYNC_LANE_CONNECTIONS
+        past = await asyncio.wait_for(ln.execute("CLIENT", "ID"), 2)
+        assert past not in (cid, other) and ln.held == lane.ASYNC_LANE_CONNECTIONS
+        for f in more:
+            f.cancel()
+        await asyncio.gather(*more, return_exceptions=True)
         # cancelled while its reply is outstanding: the connection is dropped (its
         # BLPOP with it), so no later command reads that reply
         blocked.cancel()
@@ -153,8 +167,10 @@ def test_async_lane_cancel_busy_closed_by_server_and_aclose(
         await asyncio.sleep(0.1)
         redis_client.rpush(k, "x")
         assert await ln.execute("LLEN", k) == 1  # nobody popped it
+        # the held connections whose commands were cancelled are dropped and connect
+        # again when used; the last one used is used first
         cid2 = await ln.execute("CLIENT", "ID")
-        assert cid2 != cid
+        assert cid2 not in (cid, other)
 
         # the server closes the lane's connection: found before the next command
         assert redis_client.client_kill_filter(_id=cid2) == 1
@@ -162,10 +178,11 @@ def test_async_lane_cancel_busy_closed_by_server_and_aclose(
         assert await ln.execute("LPOP", k) == b"x"
         assert await ln.execute("CLIENT", "ID") not in (cid, cid2)
 
-        conn = ln._conn
-        assert conn is not None and conn.is_connected
+        conns = list(ln._free)
+        assert len(conns) == ln.held == lane.ASYNC_LANE_CONNECTIONS
+        assert any(c.is_connected for c in conns)
         await client.aclose()
-        assert not conn.is_connected  # closed with its client
+        assert not any(c.is_connected for c in conns)  # closed with their client
 
     try:
         asyncio.run(main())
@@ -188,11 +205,11 @@ def test_scripts_go_through_the_lane_and_reload_after_a_flush(
             scripts = c.async_scripts()
             redis_client.script_flush()
             assert int(await scripts.call(calls.reserve(k, 10))) == first + 20
-            # many at once: one on the lane, the others through the pool
+            # many at once: a few on the lane's connections, the others through the pool
             got = await asyncio.gather(*(scripts.call(calls.reserve(k, 1))
                                          for _ in range(50)))
             assert sorted(int(x) for x in got) == list(range(first + 30, first + 80))
-            assert scripts.by_name["reserve"].lane._conn is not None  # type: ignore[union-attr]
+            assert scripts.by_name["reserve"].lane.held >= 1  # type: ignore[union-attr]
             await c.aclose()
 
         asyncio.run(main())

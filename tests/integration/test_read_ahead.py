@@ -1,0 +1,153 @@
+"""Read-ahead (issue 14): a worker serving one queue with a backlog keeps two pops on the
+wire, so the server pops the next batch while the worker runs the last one. Jobs those
+pops lease are never stranded: a stop gives them back like any job not started."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from typing import Any
+
+import pytest
+import redis
+from helpers import wait_until
+
+import batchq
+from batchq.worker import fetch
+
+from ._support import pending_keys, wait_exit
+
+
+def _succeeded(r: redis.Redis, app: batchq.App, queue: str) -> int:
+    return int(r.hget(app.keys(queue).stats, "succeeded") or 0)
+
+
+def test_a_backlog_keeps_two_pops_on_the_wire_and_runs_every_job_once(
+        app, queue_name, redis_client):
+    n = 6000
+    seen: list[int] = []
+
+    @app.task(queue=queue_name, name="tally")
+    async def tally(i: int) -> None:
+        seen.append(i)
+
+    tally.enqueue_many(range(n))
+    s = batchq.WorkerSettings(queues=(queue_name,), burst=True, metrics=False,
+                              install_signal_handlers=False)
+    w = batchq.Worker(app, s)
+    f = w.fetcher
+    call = f._call
+    wire, most, full = 0, 0, 0
+
+    async def counted(k: Any, want: int, lease_ms: int) -> Any:
+        nonlocal wire, most, full
+        wire += 1
+        most = max(most, wire)
+        try:
+            res = await call(k, want, lease_ms)
+            full += len(res) - 10 == want
+            return res
+        finally:
+            wire -= 1
+
+    f._call = counted  # type: ignore[method-assign]
+    assert asyncio.run(w.run()) == 0
+    # every job once, and in the order queued: replies read out of order (two
+    # connections) still start their jobs in the order popped
+    assert seen == list(range(n))
+    assert full >= n // s.fetch_batch - 1
+    assert most == 2, f"at most {most} pops were on the wire at once"
+    assert pending_keys(redis_client, app, queue_name) == {
+        "ready": 0, "delayed": 0, "reserved": 0, "inflight": 0}
+
+
+def test_a_stop_gives_back_the_jobs_of_pops_sent_ahead(app, queue_name, start_worker,
+                                                      redis_client):
+    n = 200_000
+    app.tasks["quiet"].options(queue=queue_name).enqueue_many(range(n))
+    worker = start_worker(queue_name)
+    wait_until(lambda: _succeeded(redis_client, app, queue_name) > 20_000, timeout_s=30,
+               message="the worker did not drain")
+    worker.send_signal(signal.SIGTERM)  # mid-drain: pops are on the wire
+    assert wait_exit(worker, 30) == 0, worker.read_log()
+    left = pending_keys(redis_client, app, queue_name)
+    done = _succeeded(redis_client, app, queue_name)
+    assert done < n, "the drain ended before the stop: nothing was tested"
+    # nothing leased is left behind: every job ran once or is ready again
+    assert (left["reserved"], left["inflight"]) == (0, 0), left
+    assert left["ready"] + done == n, (left, done)
+
+
+def test_a_stop_waits_for_a_slow_reply_to_a_pop_sent_ahead(app, queue_name, redis_client):
+    """The stop comes while a pop sent ahead is on the wire and its reply is slow: the
+    fetch loop waits for it, so its jobs are taken in and given back by the drain, not
+    left leased until their leases expire (and then counted as a crash's neighbours)."""
+    n = 3000
+    seen: list[int] = []
+
+    @app.task(queue=queue_name, name="tally")
+    async def tally(i: int) -> None:
+        seen.append(i)
+
+    tally.enqueue_many(range(n))
+    s = batchq.WorkerSettings(queues=(queue_name,), metrics=False,
+                              install_signal_handlers=False)
+    w = batchq.Worker(app, s)
+    f = w.fetcher
+    call = f._call
+    slowed: list[int] = []
+
+    async def slow_ahead(k: Any, want: int, lease_ms: int) -> Any:
+        ahead = asyncio.current_task() in f._ahead
+        stop = ahead and not slowed and len(seen) >= 500
+        if stop:
+            w.request_stop()  # sent ahead, and now the worker stops
+        res = await call(k, want, lease_ms)
+        if stop:
+            slowed.append(len(res) - 10)
+            await asyncio.sleep(0.3)  # the reply is late
+        return res
+
+    f._call = slow_ahead  # type: ignore[method-assign]
+    assert asyncio.run(w.run()) == 0
+    assert slowed and slowed[0] > 0, "no pop sent ahead brought jobs when the stop came"
+    left = pending_keys(redis_client, app, queue_name)
+    assert (left["reserved"], left["inflight"]) == (0, 0), left
+    assert left["ready"] + len(seen) == n and len(set(seen)) == len(seen), (left, len(seen))
+
+
+def test_a_worker_of_several_queues_reads_ahead_too(app, queue_name, redis_client,
+                                                    monkeypatch: pytest.MonkeyPatch):
+    """Rounds over several queues (one pipeline each) are read ahead like one queue's
+    pops; each queue's jobs still start in the order queued."""
+    n = 3000
+    qa, qb = f"{queue_name}-a", f"{queue_name}-b"
+    seen: dict[str, list[int]] = {qa: [], qb: []}
+
+    @app.task(queue=qa, name="tally2")
+    async def tally2(q: str, i: int) -> None:
+        seen[q].append(i)
+
+    for q in (qa, qb):
+        tally2.options(queue=q).enqueue_many([(q, i) for i in range(n)])
+    wire, most = 0, 0
+    run = fetch.arun_pipeline
+
+    async def counted(pipe: Any, client: Any) -> Any:
+        nonlocal wire, most
+        wire += 1
+        most = max(most, wire)
+        try:
+            return await run(pipe, client)
+        finally:
+            wire -= 1
+
+    monkeypatch.setattr(fetch, "arun_pipeline", counted)
+    s = batchq.WorkerSettings(queues=(qa, qb), burst=True, metrics=False,
+                              install_signal_handlers=False)
+    assert asyncio.run(batchq.Worker(app, s).run()) == 0
+    assert seen == {qa: list(range(n)), qb: list(range(n))}
+    assert most == 2, f"at most {most} rounds were on the wire at once"
+    for q in (qa, qb):
+        assert pending_keys(redis_client, app, q) == {
+            "ready": 0, "delayed": 0, "reserved": 0, "inflight": 0}
