@@ -60,6 +60,7 @@ end
 if #live > 0 then
   redis.call('ZREM', reserved, unpack(live))
   redis.call('HDEL', inflight, unpack(ids))
+  unpin(inflight)
   redis.call('HINCRBY', stats, 'succeeded', #live)
   forget_marks(recovered, started, ids)
   gsettle(gstate, gwait, wake, ids, true)

@@ -85,7 +85,7 @@ if ARGV[1] ~= '1' and redis.call('ZCARD', idle) > 0 then
       end
     end
     if #hargs > 0 then
-      redis.call('HSET', inflight, unpack(hargs))
+      lease_entries(inflight, hargs)
       redis.call('ZADD', reserved, unpack(zargs))
       for i = 2, #hargs, 2 do redis.call('RPUSH', wake, hargs[i]) end
       redis.call('HINCRBY', stats, 'handed', #hargs / 2)

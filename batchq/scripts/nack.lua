@@ -77,6 +77,7 @@ if retried + buried > 0 then
   redis.call('HINCRBY', stats, 'retried', retried)
   redis.call('HINCRBY', stats, 'dead', buried)
 end
+if #finished > 0 then unpin(inflight) end
 forget_marks(recovered, started, finished)
 gsettle(gstate, gwait, wake, back, false)
 gsettle(gstate, gwait, wake, gone, true)

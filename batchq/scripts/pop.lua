@@ -213,6 +213,7 @@ for x = #expired, 1, -1 do
 end
 if #gone > 0 then
   redis.call('ZREM', reserved, unpack(gone))
+  unpin(inflight)
 end
 if buried + crashed > 0 then
   redis.call('HINCRBY', stats, 'dead', buried + crashed)
@@ -464,7 +465,7 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   if qtok and asked > want then take_tokens(gstate, QUEUE, qtok - (asked - want), now) end
 
   if #hargs > 0 then
-    redis.call('HSET', inflight, unpack(hargs))
+    lease_entries(inflight, hargs)
     redis.call('ZADD', reserved, unpack(zargs))
   end
   if #ids > 0 then

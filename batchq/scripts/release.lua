@@ -74,6 +74,7 @@ if plain and hold > 0 then hold_off(QUEUE) end
 for g in pairs(woken) do
   if hold > 0 then hold_off(g) else gwake(groups, gwait, gstate, g) end
 end
+if n > 0 then unpin(inflight) end
 gsettle(gstate, gwait, wake, back, false)
 if n > 0 then leave_wake_token(wake) end
 return n

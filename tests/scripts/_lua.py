@@ -39,6 +39,18 @@ def ns_keys(r: redis.Redis, namespace: str) -> set[bytes]:
     return set(r.scan_iter(match=f"{namespace}:*", count=1000))
 
 
+PIN = b":table"
+"""The field that keeps the in-flight hash a hash table (``_lib.lua``), not a lease."""
+
+
+def leases(r: redis.Redis, k: QueueKeys) -> dict[bytes, bytes]:
+    """The in-flight hash, id -> leased entry, without its pin (a hash a test wrote by
+    hand has none)."""
+    got = r.hgetall(k.inflight)
+    got.pop(PIN, None)
+    return got
+
+
 def enqueued(r: redis.Redis, k: QueueKeys) -> int:
     return int(r.hget(k.stats, "enqueued") or 0)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from batchq.keys import QueueKeys
 from batchq.scripts import SyncScripts, calls
 
-from ._lua import entry, ns_keys, pop, refunded, with_attempt
+from ._lua import entry, leases, ns_keys, pop, refunded, with_attempt
 
 
 def ack(s: SyncScripts, k: QueueKeys, leases: list[bytes]) -> list[int]:
@@ -20,7 +20,7 @@ def test_ack_removes_reservation_and_inflight_entry(redis_client, s, k, namespac
 
     assert ack(s, k, [b"a:1", b"c:1"]) == []
     assert redis_client.zrange(k.reserved, 0, -1) == [b"b:1"]
-    assert redis_client.hgetall(k.inflight) == {b"b": with_attempt(entry("b"), 1)}
+    assert leases(redis_client, k) == {b"b": with_attempt(entry("b"), 1)}
 
     assert ack(s, k, [b"b:1"]) == []
     assert ns_keys(redis_client, namespace) == {k.stats.encode()}
@@ -37,7 +37,7 @@ def test_ack_of_a_stale_lease_deletes_nothing(redis_client, s, k):
 
     assert ack(s, k, [b"job:1"]) == [1]
     assert redis_client.zrange(k.reserved, 0, -1, withscores=True) == [(b"job:2", deadline)]
-    assert redis_client.hgetall(k.inflight) == {b"job": refunded(e, 2)}
+    assert leases(redis_client, k) == {b"job": refunded(e, 2)}
 
     assert ack(s, k, [b"job:2"]) == []
     assert redis_client.exists(k.reserved, k.inflight) == 0

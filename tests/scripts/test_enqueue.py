@@ -8,7 +8,7 @@ from functools import partial
 from batchq.keys import QueueKeys
 from batchq.scripts import SyncScripts, calls
 
-from ._lua import enqueued, ns_keys, with_attempt
+from ._lua import enqueued, leases, ns_keys, with_attempt
 from ._lua import entry as _entry
 
 # enqueue tests encode jobs with no positional args
@@ -109,7 +109,7 @@ def test_check_mode_returns_minus_one_when_first_job_is_running(redis_client, s,
 
     assert enqueue(s, k, es, check=True) == -1
     assert redis_client.lrange(k.ready_for(0), 0, -1) == [es[1]]
-    assert redis_client.hgetall(k.inflight) == {b"run1": with_attempt(es[0], 1)}
+    assert leases(redis_client, k) == {b"run1": with_attempt(es[0], 1)}
     assert ns_keys(redis_client, namespace) == {k.ready_for(0).encode(), k.inflight.encode()}
     assert enqueued(redis_client, k) == 0
 

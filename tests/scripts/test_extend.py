@@ -5,7 +5,7 @@ from __future__ import annotations
 from batchq.keys import QueueKeys
 from batchq.scripts import SyncScripts, calls
 
-from ._lua import entry, pop, refunded, server_ms
+from ._lua import entry, leases, pop, refunded, server_ms
 
 
 def extend(s: SyncScripts, k: QueueKeys, lease_ms: int, leases: list[bytes]) -> list[int]:
@@ -27,7 +27,7 @@ def test_deadlines_are_pushed_to_server_now_plus_lease(redis_client, s, k):
     assert scores[b"c:1"] == c_deadline  # not named, not touched
     assert len(scores) == 3
     # extend touches the reservation only
-    assert redis_client.hlen(k.inflight) == 3
+    assert len(leases(redis_client, k)) == 3
 
 
 def test_an_expired_but_unreaped_lease_is_still_held_and_extended(redis_client, s, k):

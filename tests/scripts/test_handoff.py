@@ -11,7 +11,7 @@ import redis
 from batchq.keys import QueueKeys
 from batchq.scripts import SyncScripts, calls
 
-from ._lua import HEAD, entry, refunded, server_ms, with_attempt
+from ._lua import HEAD, entry, leases, refunded, server_ms, with_attempt
 
 LEASE = 30_000
 ME = "host:1"
@@ -60,7 +60,7 @@ def test_one_job_per_registration_and_a_pop_with_jobs_withdraws(
     assert _enqueue(s, k, a, b, c) == 1
     assert r.lrange(k.wake, 0, -1) == [with_attempt(a, 1), with_attempt(b, 1)]
     assert r.zcard(k.idle) == 0
-    assert r.hlen(k.inflight) == 2 and r.zcard(k.reserved) == 2
+    assert len(leases(r, k)) == 2 and r.zcard(k.reserved) == 2
 
     # w3 registers; a job enqueued while the queue is paused is not handed off; once
     # resumed, w3's pop returns it and withdraws the registration
@@ -163,7 +163,7 @@ def test_handed_jobs_never_wait_and_the_rest_keep_their_bits(
     ids = [f"{'a' * 17}-{n:x}" for n in (12, 10, 11, 13)]
     assert int(s.call(calls.enqueue(k, 0, [entry(i) for i in ids], check=False,
                                     runs="10:4"))) == 2
-    assert r.hgetall(k.inflight).keys() == {ids[0].encode(), ids[1].encode()}
+    assert leases(r, k).keys() == {ids[0].encode(), ids[1].encode()}
     assert {i for i in range(100) if r.getbit(k.waiting0, i)} == {9, 11, 13}
     # one registration: a single job is handed, its run sets no bit at all
     r.delete(k.wake, k.ready_for(0))  # as if taken (and 11, 13 left waiting)

@@ -8,7 +8,7 @@ from batchq import codec
 from batchq.keys import QueueKeys
 from batchq.scripts import SyncScripts, calls
 
-from ._lua import entry, ns_keys, pop, refunded, server_ms, with_attempt
+from ._lua import entry, leases, ns_keys, pop, refunded, server_ms, with_attempt
 
 
 def nack(s: SyncScripts, k: QueueKeys, retries: list[tuple[bytes, int]],
@@ -91,7 +91,7 @@ def test_stale_leases_are_skipped_and_reported(redis_client, s, k, namespace):
     assert nack(s, k, [(b"s:2", 1000), (b"nobody:1", 1000)], [(b"s:7", rec)]) == [1, 2, 3]
 
     assert redis_client.zrange(k.reserved, 0, -1, withscores=True) == [(b"s:1", deadline)]
-    assert redis_client.hgetall(k.inflight) == {b"s": job}
+    assert leases(redis_client, k) == {b"s": job}
     assert ns_keys(redis_client, namespace) == {k.reserved.encode(), k.inflight.encode()}
 
 
@@ -104,7 +104,7 @@ def test_stale_lease_after_reap_and_repop_does_not_touch_the_new_run(redis_clien
     assert nack(s, k, [(b"j:1", 1000)], []) == [1]
     assert redis_client.exists(k.delayed) == 0
     assert redis_client.zrange(k.reserved, 0, -1) == [b"j:2"]
-    assert redis_client.hgetall(k.inflight) == {b"j": second}
+    assert leases(redis_client, k) == {b"j": second}
 
 
 def test_nack_twice_reports_the_second_as_stale(redis_client, s, k):

@@ -18,7 +18,7 @@ from batchq.keys import QueueKeys
 from batchq.scripts import calls
 
 from ._lua import entry as _entry
-from ._lua import ns_keys, pop_marks, refunded, server_ms, with_attempt
+from ._lua import leases, ns_keys, pop_marks, refunded, server_ms, with_attempt
 from ._lua import pop_reply as pop
 
 # pop tests encode jobs with a keyword argument, checked after decoding
@@ -63,7 +63,7 @@ def test_count_limit_takes_from_the_highest_levels_first(redis_client, s, k):
     assert redis_client.llen(k.ready_for(9)) == 0
     assert redis_client.lrange(k.ready_for(0), 0, -1) == lo[1:]
     assert redis_client.zcard(k.reserved) == 3
-    assert redis_client.hlen(k.inflight) == 3
+    assert len(leases(redis_client, k)) == 3
 
 
 def test_attempt_counted_in_entry_inflight_and_reserved_member(redis_client, s, k):
@@ -78,7 +78,7 @@ def test_attempt_counted_in_entry_inflight_and_reserved_member(redis_client, s, 
     assert before <= now <= after
 
     assert jobs == [with_attempt(fresh, 1), with_attempt(again, 3)]
-    assert redis_client.hgetall(k.inflight) == {
+    assert leases(redis_client, k) == {
         b"fresh": with_attempt(fresh, 1),
         b"again": with_attempt(again, 3),
     }
@@ -276,7 +276,7 @@ def test_started_lease_is_charged_and_dead_lettered_as_crashed_worker(redis_clie
     after = server_ms(redis_client)
     assert crashed == 1
     assert redis_client.zrange(k.reserved, 0, -1) == [keep_member]
-    assert redis_client.hgetall(k.inflight) == {b"alive": keep}
+    assert leases(redis_client, k) == {b"alive": keep}
     assert redis_client.exists(k.recovered, k.started) == 0
     died = redis_client.zrange(k.dead, 0, -1, withscores=True)
     assert [m for m, _ in died] == [b"poison"]
@@ -351,7 +351,7 @@ def test_reaper_handles_at_most_chunk_leases_per_call(redis_client, s, k):
     assert meta[4] == 100
     assert redis_client.zrange(k.reserved, 0, -1) == members[100:]
     assert redis_client.llen(k.ready_for(0)) == 100
-    assert redis_client.hlen(k.inflight) == 50
+    assert len(leases(redis_client, k)) == 50
     assert meta[2] == 1100  # next_deadline: earliest left
     meta, _ = pop(s, k, 0, chunk=100)
     assert meta[4] == 50
@@ -367,7 +367,7 @@ def test_live_leases_are_not_reaped(redis_client, s, k):
     assert meta[3:] == [0, 0, 0, 0]
     assert meta[2] == now + 60_000
     assert redis_client.zrange(k.reserved, 0, -1) == [m]
-    assert redis_client.hgetall(k.inflight) == {b"live": e}
+    assert leases(redis_client, k) == {b"live": e}
 
 
 # --- paused queue --------------------------------------------------------------------------
@@ -422,7 +422,7 @@ def test_malformed_entry_is_dead_lettered_as_decode_error(redis_client, s, k):
     assert rec["id"] == dead_id
     assert rec["reason"] == "decode_error"
     assert rec["raw"] == b"garbage"
-    assert set(redis_client.hkeys(k.inflight)) == {b"g1", b"g2"}
+    assert set(leases(redis_client, k)) == {b"g1", b"g2"}
 
 
 @pytest.mark.parametrize("bad", [b"x:0:3:id:body", b"12:0:3:id:body", b"0:0:3::body",
