@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ import redis
 from helpers import wait_until
 
 import batchq
+from batchq import codec
 from batchq.worker import fetch
 
 from ._support import pending_keys, wait_exit
@@ -151,3 +153,21 @@ def test_a_worker_of_several_queues_reads_ahead_too(app, queue_name, redis_clien
     for q in (qa, qb):
         assert pending_keys(redis_client, app, q) == {
             "ready": 0, "delayed": 0, "reserved": 0, "inflight": 0}
+
+
+def test_only_a_queue_that_is_behind_is_read_ahead() -> None:
+    """A full pop whose oldest job had waited READ_AHEAD_BEHIND_MS or more is read
+    ahead; one whose jobs are fresh (a worker keeping up with its producers) is not, so
+    it does not hold jobs an idle neighbour could start sooner."""
+    now = int(time.time() * 1000)
+
+    def reply(*ready_ms: int) -> list[Any]:
+        head: list[Any] = [now, -1, -1, 0, 0, 0, 0, 0, [], []]
+        return head + [codec.header(0, 3) + f"j{i}".encode() + b":"
+                       + codec.encode_body("t", [], {}, ms) for i, ms in enumerate(ready_ms)]
+
+    behind = fetch.READ_AHEAD_BEHIND_MS
+    assert fetch._behind(reply(now - behind - 50, now))
+    assert not fetch._behind(reply(now + 5, now - 1000))  # the first popped is the oldest
+    assert not fetch._behind(reply())
+    assert not fetch._behind([*reply(now)[:10], b"not a job"])
