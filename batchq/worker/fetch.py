@@ -11,9 +11,10 @@ queue after queue in strict order: ``selection``) pops and reserves jobs, promot
 delayed jobs and reaps expired leases. A failed pop backs off from 0.1 s to 5 s and
 never crashes the worker.
 
-Read-ahead: a pop round that came back full sends the next round (up to
-``READ_AHEAD`` on the wire) as soon as its reply is in, before its jobs wake a runner,
-while the prefetch limit has room for a whole batch more (not in strict order). The server pops the
+Read-ahead: while a queue is behind (a pop round came back full and its oldest job had
+waited ``READ_AHEAD_BEHIND_MS``), the next round is sent (up to ``READ_AHEAD`` on the
+wire) as soon as the reply is in, before its jobs wake a runner, while the prefetch
+limit has room for a whole batch more (not in strict order). The server pops the
 next batch while the worker runs this one; the loop takes the replies in the order sent,
 and a stop waits for the ones on the wire so their jobs are given back, not stranded.
 
@@ -43,10 +44,10 @@ from typing import Any
 
 from .. import codec
 from ..codec import Job
-from ..exitcodes import EXIT_STALLED
 from ..keys import QueueKeys
 from ..metrics import bump
 from ..scripts import arun_pipeline, calls
+from .burst import burst_done
 from .outcomes import Outcomes
 from .selection import Selector
 from .state import BURST_POLL_S, PROMOTE_CHUNK, REDIS_ERRORS, State
@@ -271,7 +272,7 @@ class Fetcher:
                 try:
                     # our own acks first, so the check below does not see our leases
                     await self.out.flush()
-                    done = await self._burst_done()
+                    done = await burst_done(st)
                 except REDIS_ERRORS as exc:
                     log.warning("burst check failed (%s); retrying", exc)
                     done = False
@@ -456,39 +457,6 @@ class Fetcher:
         if n and not st.waking:
             st.wake_runners(1)
         return n
-
-    async def _burst_done(self) -> bool:
-        """Burst mode, nothing in flight and the last pop empty: True when the run is
-        over, with ``state.exit_code`` set (0: the queues are empty; EXIT_STALLED:
-        jobs are left only in paused queues)."""
-        st = self.st
-        pipe = st.redis.pipeline(transaction=False)
-        for k in st.queues:
-            for r in k.ready:
-                pipe.llen(r)
-            pipe.zcard(k.gready)  # ready jobs of groups (flow control)
-            pipe.zcard(k.delayed)
-            pipe.zcard(k.reserved)
-            pipe.exists(k.paused)
-        res = await pipe.execute()
-        per = len(st.queues[0].ready) + 4
-        stuck: list[str] = []
-        for i, k in enumerate(st.queues):
-            counts = [int(x) for x in res[i * per : (i + 1) * per]]
-            waiting, reserved, paused = sum(counts[:-2]), counts[-2], bool(counts[-1])
-            if (waiting and not paused) or (reserved and not waiting):
-                # work some worker can do, or leases that will settle (or expire and be
-                # reaped, which a pop does even on a paused queue): keep looking
-                return False
-            if waiting:
-                stuck.append(f"{k.queue} ({waiting} jobs)")
-        if not stuck:
-            log.info("burst: queues are empty, stopping")
-            return True
-        log.warning("burst: cannot make progress: jobs are left only in paused queues: %s; "
-                    "stopping with exit code %d", ", ".join(stuck), EXIT_STALLED)
-        st.exit_code = EXIT_STALLED
-        return True
 
 
 def _behind(res: list[Any]) -> bool:

@@ -24,19 +24,27 @@ def _succeeded(r: redis.Redis, app: batchq.App, queue: str) -> int:
     return int(r.hget(app.keys(queue).stats, "succeeded") or 0)
 
 
-def test_a_backlog_keeps_two_pops_on_the_wire_and_runs_every_job_once(
-        app, queue_name, redis_client):
-    n = 6000
+def _tally_worker(app: batchq.App, queue: str, n: int, *, burst: bool
+                  ) -> tuple[batchq.Worker, list[int]]:
+    """``n`` jobs queued whose handler notes its number, and an in-process worker of
+    ``queue`` (no metrics, no signal handlers)."""
     seen: list[int] = []
 
-    @app.task(queue=queue_name, name="tally")
+    @app.task(queue=queue, name="tally")
     async def tally(i: int) -> None:
         seen.append(i)
 
     tally.enqueue_many(range(n))
-    s = batchq.WorkerSettings(queues=(queue_name,), burst=True, metrics=False,
+    s = batchq.WorkerSettings(queues=(queue,), burst=burst, metrics=False,
                               install_signal_handlers=False)
-    w = batchq.Worker(app, s)
+    return batchq.Worker(app, s), seen
+
+
+def test_a_backlog_keeps_two_pops_on_the_wire_and_runs_every_job_once(
+        app, queue_name, redis_client):
+    n = 6000
+    w, seen = _tally_worker(app, queue_name, n, burst=True)
+    s = w.settings
     f = w.fetcher
     call = f._call
     wire, most, full = 0, 0, 0
@@ -85,16 +93,7 @@ def test_a_stop_waits_for_a_slow_reply_to_a_pop_sent_ahead(app, queue_name, redi
     fetch loop waits for it, so its jobs are taken in and given back by the drain, not
     left leased until their leases expire (and then counted as a crash's neighbours)."""
     n = 3000
-    seen: list[int] = []
-
-    @app.task(queue=queue_name, name="tally")
-    async def tally(i: int) -> None:
-        seen.append(i)
-
-    tally.enqueue_many(range(n))
-    s = batchq.WorkerSettings(queues=(queue_name,), metrics=False,
-                              install_signal_handlers=False)
-    w = batchq.Worker(app, s)
+    w, seen = _tally_worker(app, queue_name, n, burst=False)
     f = w.fetcher
     call = f._call
     slowed: list[int] = []
