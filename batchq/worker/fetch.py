@@ -108,7 +108,7 @@ class Fetcher:
         """Done once the last pop sent has taken in its jobs (``pop``)."""
         self._wire = 0
         self._wire_n = 0
-        """Pops of the one served queue on the wire, and the jobs they may bring."""
+        """Pop rounds on the wire (sent ahead or not), and the jobs they may bring."""
         self._idle_ms = int((s.max_block_s + 1) * 1000)
         """A registration lapses this long after the empty pop that made it: a little
         after the blocking wait that follows it ends."""
