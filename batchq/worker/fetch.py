@@ -108,7 +108,8 @@ class Fetcher:
         """Done once the last pop sent has taken in its jobs (``pop``)."""
         self._wire = 0
         self._wire_n = 0
-        """Pop rounds on the wire (sent ahead or not), and the jobs they may bring."""
+        """Rounds sent ahead whose reply has not come, and the jobs they may bring (a
+        round the loop awaits itself needs no count: no other round runs meanwhile)."""
         self._idle_ms = int((s.max_block_s + 1) * 1000)
         """A registration lapses this long after the empty pop that made it: a little
         after the blocking wait that follows it ends."""
@@ -163,13 +164,17 @@ class Fetcher:
         """Stopping with pops still on the wire: their jobs are leased already, so they
         are taken in (and given back unstarted by the drain), not left to expire."""
         while self._ahead:
-            task = self._ahead[0]
             try:
-                await task
+                await self._next_ahead()
             except REDIS_ERRORS as exc:
                 log.warning("a pop sent ahead failed while stopping (%s)", exc)
-            finally:
-                self._ahead.popleft()
+
+    async def _next_ahead(self) -> tuple[int, float]:
+        """The outcome of the oldest round sent ahead (it leaves ``_ahead``)."""
+        try:
+            return await self._ahead[0]
+        finally:
+            self._ahead.popleft()
 
     def _send_ahead(self, got: int) -> None:
         """A pop round came back full (every queue asked gave all it was asked for)
@@ -194,19 +199,21 @@ class Fetcher:
             self._wire_n += n
             free -= n
 
-    async def _on_wire(self, aw: Awaitable[Any], n: int, ahead: bool, free: int,
+    def _landed(self, counted: int) -> None:
+        """A round sent ahead (counted with its ``counted`` jobs) is off the wire."""
+        if counted:
+            self._wire -= 1
+            self._wire_n -= counted
+
+    async def _on_wire(self, aw: Awaitable[Any], counted: int,
                        prev: asyncio.Future[None] | None) -> Any:
-        """Await a pop round's reply, counted on the wire (``n`` jobs at most; a round
-        sent ahead was counted with its ``free`` when sent); then wait until the round
-        sent before it has taken its jobs in, so jobs start in the order popped."""
-        if not ahead:
-            self._wire += 1
-            self._wire_n += n
+        """Await a pop round's reply (``counted``: its jobs, if it was sent ahead; 0 if
+        not); then wait until the round sent before it has taken its jobs in, so jobs
+        start in the order popped."""
         try:
             res = await aw
         finally:
-            self._wire -= 1
-            self._wire_n -= free if ahead else n
+            self._landed(counted)
         if prev is not None and not prev.done():
             await prev
         return res
@@ -243,10 +250,7 @@ class Fetcher:
                 continue
             try:
                 if self._ahead:
-                    try:
-                        got, wait_s = await self._ahead[0]
-                    finally:
-                        self._ahead.popleft()
+                    got, wait_s = await self._next_ahead()
                 else:
                     got, wait_s = await self.pop(free)
                 pause = 0.0
@@ -303,14 +307,13 @@ class Fetcher:
         t0 = time.perf_counter()
         asked: list[tuple[QueueKeys, int, Any]] = []
         ahead = bool(self._ahead) and asyncio.current_task() in self._ahead
+        counted = free if ahead else 0  # a round sent ahead was counted with its room
         if ahead and (st.stopping or st.fetch_paused):
-            self._wire -= 1  # sent ahead (and counted then), but no longer wanted
-            self._wire_n -= free
+            self._landed(counted)  # sent ahead, but no longer wanted
             return 0, 0.0
         if len(qs) == 1:
             want = min(free, s.fetch_batch)
-            res = await self._on_wire(self._call(qs[0], want, lease_ms), want, ahead, free,
-                                      prev)
+            res = await self._on_wire(self._call(qs[0], want, lease_ms), counted, prev)
             if len(res) - _HEAD >= want and _behind(res):
                 self._send_ahead(len(res) - _HEAD)
             asked.append((qs[0], want, res))
@@ -333,11 +336,9 @@ class Fetcher:
             pipe = st.redis.pipeline(transaction=False)
             for i, want in plan:
                 await st.scripts.call(self._pop_call(qs[i], want, lease_ms), client=pipe)
-            total = sum(want for _, want in plan)
-            results = await self._on_wire(arun_pipeline(pipe, st.redis), total, ahead, free,
-                                          prev)
+            results = await self._on_wire(arun_pipeline(pipe, st.redis), counted, prev)
             asked = [(qs[i], want, r) for (i, want), r in zip(plan, results, strict=True)]
-            if total and all(not isinstance(r, Exception) and len(r) - _HEAD >= want
+            if plan and all(not isinstance(r, Exception) and len(r) - _HEAD >= want
                              for _, want, r in asked) and _behind(asked[0][2]):
                 self._send_ahead(sum(len(r) - _HEAD for _, _, r in asked))
         failed = [r for _, _, r in asked if isinstance(r, Exception)]
