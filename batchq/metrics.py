@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import platform
+import time
 from collections.abc import Iterable, Iterator
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Protocol
@@ -147,6 +148,10 @@ class Recorder:
 
         self.series: dict[tuple[str, str], JobSeries] = {}
         """Per (queue, task), filled by the runners (``series_of``)."""
+        self.wall_offset = time.time() - time.perf_counter()
+        """Wall clock minus ``time.perf_counter``, set again at every ``fold``: the
+        runners time jobs with the latter (one read serves a job's end and the next
+        one's start) and add this to compare a start with a job's ready time."""
         self.started: dict[tuple[str, str], int] = {}
         self.succeeded: dict[tuple[str, str], int] = {}
         self.failed: dict[tuple[str, str, str], int] = {}
@@ -216,6 +221,7 @@ class Recorder:
 
     def fold(self) -> None:
         """Bucket the runners' raw per-job figures into the local aggregates."""
+        self.wall_offset = time.time() - time.perf_counter()
         for key, s in self.series.items():
             if s.started:
                 bump(self.started, key, s.started)

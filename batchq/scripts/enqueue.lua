@@ -71,15 +71,13 @@ if ARGV[1] ~= '1' and redis.call('ZCARD', idle) > 0 then
     local hargs, zargs = {}, {}
     for i = 1, #regs, 2 do
       if tonumber(regs[i + 1]) > now then
-        local e = ARGV[first]
-        local p, a, mx, id, hl = parse(e)
-        if not p then break end  -- malformed: it waits in the ready list, pop buries it
+        local id, r, lease_name = count_attempt(ARGV[first])
+        if not id then break end  -- malformed: it waits in the ready list, pop buries it
         local lease = tonumber(string.match(regs[i], '^(%d+)|')) or 30000
-        local r = with_attempt(e, p, a + 1, mx, id, hl)
         hargs[#hargs + 1] = id
         hargs[#hargs + 1] = r
         zargs[#zargs + 1] = now + lease
-        zargs[#zargs + 1] = id .. ':' .. (a + 1)
+        zargs[#zargs + 1] = lease_name
         handed[#handed + 1] = seq_of(id)
         first = first + 1
       end

@@ -282,15 +282,15 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
       any_tombstones = redis.call('HLEN', cancel) > 0
       any_cancelled = tonumber(redis.call('HGET', campaigns, '~cancelled') or '0') > 0
     end
-    local ep, a, mx, id, hl = parse(e)
-    if ep and any_tombstones and redis.call('HDEL', cancel, id) == 1 then
+    local id, r, lease_name = count_attempt(e)
+    if id and any_tombstones and redis.call('HDEL', cancel, id) == 1 then
       -- cancelled while it waited (cancel.lua): dropped, never run
       dropped = dropped + 1
       if tracked(id) then skipped[#skipped + 1] = id end
       g_gone[#g_gone + 1] = id
       return false
     end
-    if any_cancelled and ep and tracked(id) then
+    if any_cancelled and id and tracked(id) then
       local v = redis.call('HGET', jobmeta, id)
       local cid = v and string.match(v, '^([^\n]*)\n') or ''
       if cid ~= '' and flags[cid] == nil then
@@ -303,7 +303,7 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
         return false
       end
     end
-    if not ep then
+    if not id then
       -- each malformed entry keeps its own record, even identical ones
       local nth = redis.call('HINCRBY', stats, 'malformed', 1)
       bury(dead, dead_jobs, now,
@@ -313,11 +313,10 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
       return false
     end
     ids[#ids + 1] = id
-    local r = with_attempt(e, ep, a + 1, mx, id, hl)
     hargs[#hargs + 1] = id
     hargs[#hargs + 1] = r
     zargs[#zargs + 1] = deadline
-    zargs[#zargs + 1] = id .. ':' .. (a + 1)
+    zargs[#zargs + 1] = lease_name
     out[#out + 1] = r
     local rec = any_recovered and redis.call('HGET', recovered, id)
     if rec and (tonumber(string.match(rec, '^(%d+)')) or 0) >= ISOLATE_AFTER then

@@ -40,6 +40,7 @@ from .outcomes import Outcomes, describe
 from .state import RUN_SAMPLE_MASK, YIELD_EVERY_S, State
 
 if TYPE_CHECKING:
+    from ..metrics import JobSeries
     from ..task import Task
 
 log = logging.getLogger("batchq.worker")
@@ -98,7 +99,10 @@ class Runners:
         work = st.work
         loop = st.loop
         me = asyncio.current_task()
-        last_yield = loop.time()
+        # the runner's clock, read once between two items: the end of one is the start of
+        # the next unless the runner awaits in between (then it reads the clock again),
+        # so the metrics time each job without reading a clock of their own
+        t = last_yield = _perf()
         while True:
             if st.stopping:
                 return
@@ -107,49 +111,53 @@ class Runners:
                 st.idle_runners.append(fut)
                 await fut
                 st.waking -= 1
-                last_yield = loop.time()
+                t = last_yield = _perf()
                 continue
             item = work.popleft()
             if work and not st.waking:
                 st.wake_runners(1)
             st.running[me] = item
             jobs: list[Job] = item if type(item) is list else [item]  # type: ignore[list-item]
+            ser = None
             try:
                 if jobs[0].recovered or (len(jobs) > 1 and any(j.recovered for j in jobs)):
                     await self._run_alone(item, jobs)
                 else:
-                    await self._run_item(item)
+                    ser = await self._run_item(item, t)
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:
                 log.exception("internal error running %s; failing what is unsettled", jobs)
                 self._settle_leftovers(jobs, exc)
-            now = loop.time()
+            now = _perf()
+            if ser is not None:
+                ser.runs.append(now - t)
+            t = now
             if now - last_yield > YIELD_EVERY_S:
                 await asyncio.sleep(0)  # let the flusher write what finished
-                last_yield = loop.time()
+                t = last_yield = _perf()
 
-    async def _run_item(self, item: Job | list[Job]) -> None:
-        """Run a job or a batch, counted as busy: a job to run alone waits on ``quiet``
-        (no handler running in this process)."""
+    async def _run_item(self, item: Job | list[Job], t0: float) -> JobSeries | None:
+        """Run a job or a batch started at ``t0`` (``time.perf_counter``), counted as
+        busy. Returns the metrics series of a single job whose run time the caller
+        appends (it reads the clock anyway), else None."""
         st = self.st
         st.busy += 1
         st.quiet.clear()
         # the wall time sizes the prefetch (fetch.Fetcher.limit); timed for a sample of
         # jobs only (the first ones included): timing each would cost a no-op job ~4 %
         timed = not st.jobs_done & RUN_SAMPLE_MASK
-        t0 = time.perf_counter() if timed else 0.0
         try:
             if type(item) is list:
                 await self._run_batch(item)
-            else:
-                await self._run_one(item)  # type: ignore[arg-type]
+                return None
+            return await self._run_one(item, t0)  # type: ignore[arg-type]
         finally:
             st.busy -= 1
             if not st.busy:
                 st.quiet.set()
             if timed:
-                st.note_run(time.perf_counter() - t0, len(item) if type(item) is list else 1)
+                st.note_run(_perf() - t0, len(item) if type(item) is list else 1)
 
     async def _run_alone(self, item: Job | list[Job], jobs: list[Job]) -> None:
         """A recovered job: wait until no other handler runs, record its start, run it,
@@ -168,7 +176,10 @@ class Runners:
                 return
             log.info("running recovered job %s alone (an earlier worker died holding it)",
                      ", ".join(j.id for j in jobs))
-            await self._run_item(item)
+            t0 = _perf()
+            ser = await self._run_item(item, t0)
+            if ser is not None:
+                ser.runs.append(_perf() - t0)
             # its outcome (and the started mark it clears) is written before any other
             # handler starts: a crash of a later job must not be charged to this one
             await self.out.flush_with_retry()
@@ -195,23 +206,24 @@ class Runners:
                       type(exc).__name__, describe(exc))
         self.out.fail(job, task, exc, "failed")
 
-    async def _run_one(self, job: Job) -> None:
+    async def _run_one(self, job: Job, t0: float) -> JobSeries | None:
+        """Run one job started at ``t0``; returns its metrics series (the caller appends
+        the run time), None with metrics off."""
         st = self.st
         task = st.tasks.get(job.task)
         if task is None:
             exc = LookupError(f"no task named {job.task!r} is registered")
             self.out.bury(job, "unknown_task", exc)
-            return
-        # the hot path: one coroutine per job, metrics inline (a counter and two appends)
+            return None
+        # the hot path: one coroutine per job, metrics inline (a counter and an append;
+        # no clock of their own: t0 is the runner's)
         m = st.m
         ser = None
-        t0 = 0.0
-        if m is not None:  # a start counted, its wait and run time appended
+        if m is not None:  # a start counted, its wait appended
             ser = m.series.get((job.queue, job.task)) or m.series_of(job.queue, job.task)
             ser.started += 1
             if job.attempt == 1:
-                ser.waits.append(_now() - job.ready_ms / 1000)
-            t0 = _perf()
+                ser.waits.append(t0 + m.wall_offset - job.ready_ms / 1000)
         fn = task.fn
         if job.kwargs and LOAD_KWARG in job.kwargs:  # a `batchq bench load` job
             fn = self._load_probe().wrap(job, fn, task.is_async)
@@ -237,8 +249,7 @@ class Runners:
                 self._handler_raised(job, task, exc)
             else:
                 self.out.succeeded(job, task, value)
-        if ser is not None:
-            ser.runs.append(_perf() - t0)
+        return ser
 
     def _load_probe(self) -> Probe:
         if self.probe is None:

@@ -450,6 +450,15 @@ def test_identical_malformed_entries_each_keep_their_own_dead_record(redis_clien
         assert codec.decode_dead_record(rec)["raw"] == bad
 
 
+def test_only_the_attempt_is_rewritten_when_counted(redis_client, s, k):
+    # the counted entry keeps every other byte of the popped one, up to the 12-digit top
+    redis_client.rpush(k.ready_for(0), b"0:007:3:lz:body", b"0:999999999999:010:top:b:o:dy")
+    _, jobs = pop(s, k, 2)
+    assert jobs == [b"0:8:3:lz:body", b"0:1000000000000:010:top:b:o:dy"]
+    assert redis_client.zrange(k.reserved, 0, -1) == [b"lz:8", b"top:1000000000000"]
+    assert redis_client.hget(k.inflight, "top") == jobs[1]
+
+
 # --- meta ------------------------------------------------------------------------------------
 
 
