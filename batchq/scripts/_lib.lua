@@ -10,13 +10,20 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- Returns priority, attempt, max_attempts, id, header length; nil when malformed.
+-- The header's fields as text: priority, attempt, max_attempts, id; nil when malformed.
 -- attempt and max_attempts have at most 12 digits (codec.HEADER_NUMBER_MAX): Lua numbers
 -- are doubles written back with 14 significant digits, so a longer count would come
 -- back as "1e+14", a lease name no script matches again, and the job would vanish.
-local function parse(e)
+local function header(e)
   local p, a, m, id = string.match(e, '^(%d):(%d+):(%d+):([^:]+):')
   if not p or #a > 12 or #m > 12 then return nil end
+  return p, a, m, id
+end
+
+-- Returns priority, attempt, max_attempts, id, header length; nil when malformed.
+local function parse(e)
+  local p, a, m, id = header(e)
+  if not p then return nil end
   return tonumber(p), tonumber(a), tonumber(m), id, #p + #a + #m + #id + 4
 end
 
@@ -26,15 +33,15 @@ local function with_attempt(e, p, a, m, id, hl)
 end
 
 -- An entry leased (pop.lua, enqueue.lua's hand-off) with its attempt counted: id, the
--- entry, its lease name ("<id>:<attempt>"); nil when malformed (parse's rules). Only
+-- entry, its lease name ("<id>:<attempt>"); nil when malformed (header). Only
 -- the new attempt is formatted: the priority, max_attempts and the rest of the entry
 -- are copied as they are (with_attempt formats each number again: 0.4 us of a pop's
 -- 3.6 per job).
 local function count_attempt(e)
-  local sp, sa, sm, id = string.match(e, '^(%d):(%d+):(%d+):([^:]+):')
-  if not sp or #sa > 12 or #sm > 12 then return nil end
-  local na = tostring(tonumber(sa) + 1)
-  return id, sp .. ':' .. na .. string.sub(e, #sa + 3), id .. ':' .. na
+  local p, a, _, id = header(e)
+  if not p then return nil end
+  local na = tostring(tonumber(a) + 1)
+  return id, p .. ':' .. na .. string.sub(e, #a + 3), id .. ':' .. na
 end
 
 -- Minimal msgpack writers for dead records built inside a script.
