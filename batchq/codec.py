@@ -427,6 +427,12 @@ def lease_of(raw: bytes) -> tuple[str, bytes]:
     return parts[3].decode("latin-1"), parts[3] + b":" + parts[1]
 
 
+def counted(raw: bytes, attempt: int) -> bytes:
+    """``raw`` with its attempt set to ``attempt``: a bundle job's entry as run (pop.lua)."""
+    p, _, rest = raw.split(b":", 2)
+    return b"%s:%d:%s" % (p, attempt, rest)
+
+
 def reset_attempt(raw: bytes) -> bytes | None:
     """The entry with its attempt count set back to 0 (for redrive); None if malformed."""
     try:

@@ -33,7 +33,7 @@ from .limits import (
     Limit,
     group_name,
 )
-from .stats import QueueStats
+from .stats import BUNDLE_COUNTS, QueueStats, reserved_jobs
 
 WAITING_SHOWN = 10
 """Groups that wait, listed per queue by ``batchq info`` (held or blocked first)."""
@@ -148,6 +148,7 @@ def read(client: redis.Redis, queues: Sequence[QueueKeys], *, groups: int = WAIT
         pipe.hscan(k.limits, 0, count=limits)
         pipe.hlen(k.limits)
         pipe.zcard(k.reserved)
+        pipe.hmget(k.stats, list(BUNDLE_COUNTS))
         pipe.zrevrange(k.gwait, 0, groups, withscores=True)
     res = pipe.execute(raise_on_error=False)
     if isinstance(res[0], Exception):
@@ -156,7 +157,8 @@ def read(client: redis.Redis, queues: Sequence[QueueKeys], *, groups: int = WAIT
     firsts: list[tuple[QueueKeys, list[LimitUse], list[tuple[str, Limit]], int,
                        list[tuple[str, float]]]] = []
     for j, k in enumerate(queues):
-        qlim, dlim, page, total, reserved, waiting = res[1 + 6 * j : 7 + 6 * j]
+        qlim, dlim, page, total, members, bc, waiting = res[1 + 7 * j : 8 + 7 * j]
+        reserved = reserved_jobs(members, *(bc if isinstance(bc, list) else (0, 0)))
         uses: list[LimitUse] = []
         own = _limit(QUEUE_FIELD, qlim) if isinstance(qlim, bytes | str) else None
         if own is not None:

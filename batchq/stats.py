@@ -24,6 +24,16 @@ OUTCOMES = ("enqueued", "succeeded", "dead", "retried", "handed")
 """The counters the scripts keep in a queue's ``stats`` hash, in the order read
 (``handed``: jobs an enqueue leased straight to an idle worker, ``enqueue.lua``)."""
 
+BUNDLE_COUNTS = ("bundles", "bundled")
+"""The stats fields that count live bundles and their running jobs (``_lib.lua``
+"Bundles"): a bundle is one member of the reserved zset for all its jobs."""
+
+
+def reserved_jobs(members: Any, bundles: Any, bundled: Any) -> int:
+    """Jobs reserved (running) from ``ZCARD reserved`` and the two ``BUNDLE_COUNTS``."""
+    n = _int(members)
+    return max(n, n - _int(bundles) + _int(bundled))
+
 
 @dataclass(frozen=True)
 class QueueStats:
@@ -86,7 +96,7 @@ def _queue_commands(pipe: Any, k: QueueKeys) -> None:
     pipe.zcard(k.dead)
     pipe.exists(k.paused)
     pipe.zrange(k.delayed, 0, 0, withscores=True)
-    pipe.hmget(k.stats, list(OUTCOMES))
+    pipe.hmget(k.stats, [*OUTCOMES, *BUNDLE_COUNTS])
     pipe.zcard(k.gready)
     pipe.zcard(k.groups)
     pipe.zcard(k.gwait)
@@ -151,7 +161,8 @@ def _parse(name: str, res: Sequence[Any], now_ms: int) -> Snapshot:
         except (TypeError, ValueError, IndexError):
             lag_s = 0.0
     if not isinstance(counts, list):
-        counts = [None] * len(OUTCOMES)
+        counts = [None] * (len(OUTCOMES) + len(BUNDLE_COUNTS))
+    reserved = reserved_jobs(reserved, *counts[len(OUTCOMES):])
     stats = QueueStats(
         ready=sum(lens) + grouped,
         delayed=delayed,
@@ -166,8 +177,8 @@ def _parse(name: str, res: Sequence[Any], now_ms: int) -> Snapshot:
         groups_waiting=max(0, waiting),
         held_s=held_s,
     )
-    return Snapshot(name, stats, lag_s, {o: _int(c) for o, c in zip(OUTCOMES, counts,
-                                                                     strict=True)})
+    return Snapshot(name, stats, lag_s, {o: _int(c) for o, c in zip(
+        OUTCOMES, counts[:len(OUTCOMES)], strict=True)})
 
 
 def read(client: redis.Redis, queues: Sequence[QueueKeys]) -> list[Snapshot]:

@@ -54,11 +54,18 @@ def once(ctx: Context, jobs: int, groups: int, pop_src: str, ack_src: str,
     batches = []
     r.config_resetstat()
     while True:
-        c = calls.pop(k, batch, 600_000, 100)
-        got = r.evalsha(pop_sha, len(c.keys), *c.keys, *c.args)[10:]
+        c = calls.pop(k, batch, 600_000, 100, bundle=True)
+        res = r.evalsha(pop_sha, len(c.keys), *c.keys, *c.args)
+        # since 0.5 the reply's 11th item is the bundle, {name, n} or {}; before, the
+        # jobs began there (a tree without bundles ignores the flag)
+        head = 11 if len(res) > 10 and isinstance(res[10], list) else 10
+        got = res[head:]
         if not got:
             break
-        batches.append([j.split(b":", 4)[3] + b":" + j.split(b":", 4)[1] for j in got])
+        n = int(res[10][1]) if head == 11 and res[10] else 0
+        single = got[: len(got) - n]
+        batches.append([j.split(b":", 4)[3] + b":" + j.split(b":", 4)[1] for j in single]
+                       + [res[10][0] + p.to_bytes(2, "big") for p in range(1, n + 1)])
     pop_us = _server_usec(ctx)
     r.config_resetstat()
     for leases in batches:

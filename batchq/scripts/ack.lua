@@ -8,7 +8,8 @@
 --          zset: tracked jobs (ids ending "_m") are settled as succeeded (_lib.lua)
 -- KEYS[10] gwait zset, KEYS[11] gstate hash, KEYS[12] wake list: grouped jobs give back
 --          their group's running slot and quota count (_lib.lua gsettle)
--- ARGV     leases "<id>:<attempt>" (at most 1000 per call)
+-- ARGV     leases "<id>:<attempt>", or "<bundle><position>" (_lib.lua "Bundles"); at
+--          most 1000 per call
 -- Returns  the positions (1-based) of stale leases: ones no longer reserved (the lease
 --          expired and the job was handed out again or dead-lettered). A stale ack
 --          deletes nothing. When campaigns became due (see settle_tracked), a 0 follows
@@ -26,17 +27,38 @@ local gwait = KEYS[10]
 local gstate = KEYS[11]
 local wake = KEYS[12]
 
-local scores = redis.call('ZMSCORE', reserved, unpack(ARGV))
-local live, ids, stale, marked = {}, {}, {}, {}
+local singles, at, stale, cache = {}, {}, {}, {}
+local settled = 0
 for i, m in ipairs(ARGV) do
+  if string.byte(m, 1) == 58 then  -- ":": a bundle's job
+    local b, p = bundle_pos(m)
+    if bundle_settle(bundle_state(inflight, cache, b), p) then
+      settled = settled + 1
+    else
+      stale[#stale + 1] = i
+    end
+  else
+    singles[#singles + 1] = m
+    at[#at + 1] = i
+  end
+end
+if #cache > 0 then
+  bundle_done(reserved, inflight, stats, cache)
+  if settled > 0 then redis.call('HINCRBY', stats, 'succeeded', settled) end
+  unpin(inflight)
+end
+local scores = #singles > 0 and redis.call('ZMSCORE', reserved, unpack(singles)) or {}
+local live, ids, marked = {}, {}, {}
+for i, m in ipairs(singles) do
   if scores[i] then
     live[#live + 1] = m
     ids[#ids + 1] = member_id(m)
     if tracked(ids[#ids]) then marked[#marked + 1] = ids[#ids] end
   else
-    stale[#stale + 1] = i
+    stale[#stale + 1] = at[i]
   end
 end
+if #cache > 0 then table.sort(stale) end
 if #live > 0 then
   redis.call('ZREM', reserved, unpack(live))
   redis.call('HDEL', inflight, unpack(ids))

@@ -15,7 +15,8 @@
 --          their group's running slot and quota count (_lib.lua gsettle)
 -- The keys after those: the result key of each job, in the order of the triples below
 -- (KEYS[RESULTS + j] belongs to the j-th triple).
--- ARGV     triples: lease "<id>:<attempt>", result TTL in ms, msgpack result (at most
+-- ARGV     triples: lease "<id>:<attempt>" or "<bundle><position>" (_lib.lua
+--          "Bundles"), result TTL in ms, msgpack result (at most
 --          1000 triples per call)
 -- Returns  the positions (1-based, counting triples) of stale leases: ones no longer
 --          reserved. A stale ack writes nothing, not even its result. When campaigns
@@ -36,32 +37,52 @@ local gstate = KEYS[13]
 local wake = KEYS[14]
 local RESULTS = 14  -- KEYS[RESULTS + j] is the result key of the j-th triple
 
-local leases = {}
-for i = 1, #ARGV - 2, 3 do
-  leases[#leases + 1] = ARGV[i]
-end
-local scores = redis.call('ZMSCORE', reserved, unpack(leases))
-local stale, ids, live = {}, {}, {}
+local leases, at = {}, {}  -- per-job leases and their triple numbers
+local stale, ids, live, cache = {}, {}, {}, {}
+local settled = 0
 local j = 0
 for i = 1, #ARGV - 2, 3 do
   j = j + 1
   local m = ARGV[i]
+  if string.byte(m, 1) == 58 then  -- ":": a bundle's job (_lib.lua "Bundles")
+    local b, p = bundle_pos(m)
+    local id = bundle_job(bundle_state(inflight, cache, b), p)
+    if id then
+      redis.call('SET', KEYS[RESULTS + j], ARGV[i + 2], 'PX', ARGV[i + 1])
+      ids[#ids + 1] = id
+      settled = settled + 1
+    else
+      stale[#stale + 1] = j
+    end
+  else
+    leases[#leases + 1] = m
+    at[#at + 1] = j
+  end
+end
+if #cache > 0 then bundle_done(reserved, inflight, stats, cache) end
+local scores = #leases > 0 and redis.call('ZMSCORE', reserved, unpack(leases)) or {}
+for x, m in ipairs(leases) do
+  j = at[x]
   local id = member_id(m)
-  if id and scores[j] then
+  if id and scores[x] then
     -- the result first (write before delete): a full Redis refuses it before anything
     -- else changes, and the lease stays to be acked again
-    redis.call('SET', KEYS[RESULTS + j], ARGV[i + 2], 'PX', ARGV[i + 1])
+    redis.call('SET', KEYS[RESULTS + j], ARGV[3 * j], 'PX', ARGV[3 * j - 1])
     live[#live + 1] = m
     ids[#ids + 1] = id
   else
     stale[#stale + 1] = j
   end
 end
+if #cache > 0 then table.sort(stale) end
+if settled > 0 then redis.call('HINCRBY', stats, 'succeeded', settled) end
 if #live > 0 then
   redis.call('ZREM', reserved, unpack(live))
-  redis.call('HDEL', inflight, unpack(ids))
-  unpin(inflight)
+  redis.call('HDEL', inflight, unpack(ids, #ids - #live + 1))
   redis.call('HINCRBY', stats, 'succeeded', #live)
+end
+if #cache > 0 or #live > 0 then unpin(inflight) end
+if #ids > 0 then
   forget_marks(recovered, started, ids)
   gsettle(gstate, gwait, wake, ids, true)
   if redis.call('EXISTS', waiters) == 1 then

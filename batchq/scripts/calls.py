@@ -37,7 +37,7 @@ KEY_ORDER: dict[str, tuple[str, ...]] = {
     "nack": ("reserved", "inflight", "delayed", "dead", "dead_jobs", "wake", "stats",
              "recovered", "started", *_TRACKED, "pending", "done", "gwait", "gstate"),
     "release": ("reserved", "inflight", "wake", *_READY_ALL, "started", "pending",
-                *_GROUPS),
+                *_GROUPS, "stats"),
     "enqueue_group": (*_GROUPS, "limits", "delayed", "wake", "inflight", "stats",
                       "pending", *_WAIT),
     "enqueue_tracked": ("ready", "delayed", "wake", "inflight", "stats", *_TRACKED,
@@ -177,13 +177,15 @@ def campaign_finish(k: CampaignKeys, total: int, succeeded: int, dead: int,
 
 
 def pop(k: QueueKeys, want: int, lease_ms: int, chunk: int, idle: str = "",
-        idle_ms: int = 0) -> Call:
+        idle_ms: int = 0, bundle: bool = False) -> Call:
     """Promote, reap, then pop up to ``want`` jobs leased for ``lease_ms``. ``idle``
     (a worker's name): when nothing comes back, register it for hand-off for
-    ``idle_ms`` (``enqueue.lua``); when jobs do, drop its registration."""
+    ``idle_ms`` (``enqueue.lua``); when jobs do, drop its registration. ``bundle``:
+    lease the plain jobs of the pop together (``_lib.lua`` "Bundles"; the reply's 11th
+    item names the bundle and how many of the jobs, the last ones, it holds)."""
     return Call("pop", _keys("pop", k), [want, lease_ms, chunk,
                                          idle_member(lease_ms, idle) if idle else "",
-                                         idle_ms])
+                                         idle_ms, 1 if bundle else 0])
 
 
 def idle_member(lease_ms: int, worker: str) -> str:
@@ -196,14 +198,20 @@ def ack(k: QueueKeys, leases: Sequence[bytes | str]) -> Call:
     return Call("ack", _keys("ack", k), list(leases))
 
 
-def ack_result(k: QueueKeys, items: Sequence[tuple[bytes | str, int, bytes]]) -> Call:
+def ack_result(k: QueueKeys, items: Sequence[tuple[bytes | str, int, bytes]],
+               ids: Sequence[str] | None = None) -> Call:
     """Ack jobs and keep their results: ``items`` are (lease, TTL ms, msgpack result);
-    each job's result key follows the fixed KEYS."""
+    each job's result key follows the fixed KEYS. ``ids``: the jobs' ids, in order
+    (needed for a bundle's jobs, whose leases do not name them; by default each id is
+    read from its lease)."""
     keys = _keys("ack_result", k)
     args: list[Any] = []
-    for lease, ttl_ms, value in items:
-        text = lease.decode() if isinstance(lease, bytes) else lease
-        keys.append(k.result(text.rsplit(":", 1)[0]))
+    for i, (lease, ttl_ms, value) in enumerate(items):
+        if ids is not None:
+            keys.append(k.result(ids[i]))
+        else:
+            text = lease.decode() if isinstance(lease, bytes) else lease
+            keys.append(k.result(text.rsplit(":", 1)[0]))
         args += [lease, ttl_ms, value]
     return Call("ack_result", keys, args)
 

@@ -50,7 +50,7 @@ local gwait = KEYS[15]
 
 if ARGV[1] == '1' then
   local _, _, _, id = parse(ARGV[3])
-  if (id and redis.call('HEXISTS', inflight, id) == 1)
+  if (id and is_running(inflight, id))
       or redis.call('LPOS', ready, ARGV[3], 'RANK', -1, 'MAXLEN', 100000) then
     return -1
   end

@@ -15,7 +15,8 @@
 -- KEYS[16] gwait zset, KEYS[17] gstate hash: grouped jobs give back their group's
 --          running slot; a dead one also leaves the quota count (_lib.lua gsettle)
 -- ARGV[1]  R, the number of retries that follow
--- ARGV[2..2R+1]        pairs: lease "<id>:<attempt>", retry delay in ms
+-- ARGV[2..2R+1]        pairs: lease "<id>:<attempt>" or "<bundle><position>" (_lib.lua
+--                      "Bundles"), retry delay in ms
 -- ARGV[2R+2..]         pairs: lease, dead record (msgpack, built by the worker)
 -- Returns  the positions (1-based, counting pairs) of stale leases, for which nothing
 --          was written; when campaigns became due, a 0 follows, then their ids.
@@ -44,15 +45,24 @@ local back, gone = {}, {}  -- ids retried, ids dead
 local retried, buried = 0, 0
 local died = {}  -- tracked jobs that die
 local i = 2
+local cache = {}  -- bundles met (_lib.lua "Bundles")
 while i < #ARGV do
   local m, v = ARGV[i], ARGV[i + 1]
-  local id = member_id(m)
-  local e = id and redis.call('ZSCORE', reserved, m) and redis.call('HGET', inflight, id)
-  if e then
+  local id, e
+  local single = string.byte(m, 1) ~= 58  -- ":": a bundle's job
+  if single then
+    id = member_id(m)
+    e = id and redis.call('ZSCORE', reserved, m) and redis.call('HGET', inflight, id)
     -- the lease goes first: ZREM is never refused on a full Redis, and once the script
     -- has written Redis lets the rest through, so a full Redis cannot block retries and
-    -- dead letters (the script is atomic: nothing is ever seen half done)
-    redis.call('ZREM', reserved, m)
+    -- dead letters (the script is atomic: nothing is ever seen half done); a bundle's
+    -- mask goes first the same way (bundle_state)
+    if e then redis.call('ZREM', reserved, m) end
+  else
+    local b, p = bundle_pos(m)
+    id, e = bundle_job(bundle_state(inflight, cache, b), p)
+  end
+  if e then
     if i <= 2 * r then
       redis.call('ZADD', delayed, now + tonumber(v), e)
       redis.call('HSET', pending, id, e)
@@ -66,13 +76,14 @@ while i < #ARGV do
       gone[#gone + 1] = id
       if tracked(id) then died[#died + 1] = id end
     end
-    redis.call('HDEL', inflight, id)
+    if single then redis.call('HDEL', inflight, id) end
     finished[#finished + 1] = id
   else
     stale[#stale + 1] = i / 2
   end
   i = i + 2
 end
+if #cache > 0 then bundle_done(reserved, inflight, stats, cache) end
 if retried + buried > 0 then
   redis.call('HINCRBY', stats, 'retried', retried)
   redis.call('HINCRBY', stats, 'dead', buried)

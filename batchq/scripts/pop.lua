@@ -44,6 +44,10 @@
 --          registration goes. Before popping, jobs handed off but still on the wake
 --          list (their worker went away, or another took the wake-up) are claimed
 --          as they are: they are leased already
+-- ARGV[6]  "1": lease the plain jobs of this pop as one bundle (_lib.lua "Bundles")
+--          when it takes no grouped job, the queue has no concurrency limit and no
+--          job of the queue has crash marks; they are counted in stats "bundles" and
+--          "bundled" (bundle_done)
 --
 -- Crash marks. An expired lease means its worker died or stalled; the script cannot
 -- know which of that worker's jobs was running. So the job goes back with its attempt
@@ -60,8 +64,11 @@
 --          expired (dead-lettered: lease_expired), malformed (dead-lettered:
 --          decode_error), crashed (dead-lettered: crashed_worker), {positions (1-based,
 --          among the jobs) of jobs to run alone}, {ids of campaigns that became due:
---          the worker tries to complete them}, job, job, ...}; each job is the entry
---          with its attempt counted.
+--          the worker tries to complete them}, {bundle name, n} or {}, job, job,
+--          ...}; each job is the entry with its attempt counted, but for the last n,
+--          the jobs of the bundle, which are as they were popped (their attempt is
+--          counted by the worker; their leases are the name and the position, 1..n,
+--          in two bytes: _lib.lua "Bundles").
 local delayed = KEYS[1]
 local reserved = KEYS[2]
 local inflight = KEYS[3]
@@ -146,71 +153,95 @@ local function push_head(id, p, e)
   woken[g] = true
   return gpush(gready, gstate, {{g, p, e}}, true)
 end
+-- one expired job (its lease m, id, in-flight entry e): back to the head of its list
+-- with its attempt refunded, or dead; false when a full Redis refused the write
+local function reap(m, id, e)
+  local ok = true
+  local p, a, mx, _, hl = parse(e)
+  local rec = redis.call('HGET', recovered, id)
+  local n, c = 0, 0
+  if rec then
+    local sn, sc = string.match(rec, '^(%d+):(%d+)$')
+    n, c = tonumber(sn) or 0, tonumber(sc) or 0
+  end
+  local charged = p and redis.call('HGET', started, id) == m
+  if not p then
+    -- a malformed in-flight entry (written by hand): nothing can run it
+    ok = try_hset(dead_jobs, id, dead_record(id, 'lease_expired',
+      'the lease of a malformed entry expired', e))
+    if ok then
+      redis.call('ZADD', dead, now, id)
+      redis.call('PUBLISH', done .. ':' .. id, 'd')
+      buried = buried + 1
+      if tracked(id) then t_dead[#t_dead + 1] = id end
+    end
+  elseif charged and a >= mx then
+    ok = try_hset(dead_jobs, id, dead_record(id, 'crashed_worker',
+      'its worker died (or stalled past its lease) while running it, ' .. (c + 1)
+      .. ' times; ' .. (n + 1) .. ' workers died holding it', e))
+    if ok then
+      redis.call('ZADD', dead, now, id)
+      redis.call('HDEL', recovered, id)
+      redis.call('PUBLISH', done .. ':' .. id, 'd')
+      crashed = crashed + 1
+      if tracked(id) then t_dead[#t_dead + 1] = id end
+    end
+  else
+    if charged then
+      c = c + 1
+    else
+      -- not known to have started: an innocent neighbour, its attempt refunded by
+      -- raising max_attempts (not by lowering attempt: the next run must hold a new
+      -- lease name, or a late ack of this one would finish it)
+      e = with_attempt(e, p, a, mx + 1, id, hl)
+    end
+    ok = push_head(id, p, e)
+    if ok then
+      redis.call('HSET', recovered, id, (n + 1) .. ':' .. c)
+      redis.call('HSET', pending, id, 'r')
+      reaped = reaped + 1
+      g_back[#g_back + 1] = id
+    end
+  end
+  if ok and g_back[#g_back] ~= id then g_dead[#g_dead + 1] = id end
+  return ok
+end
+local bundles = {}  -- expired bundles met (_lib.lua "Bundles")
 for x = #expired, 1, -1 do
   local m = expired[x]
-  local id = member_id(m)
-  local e = id and redis.call('HGET', inflight, id)
   local ok = true
-  local leased = e
-  if e then
-    local p, a, mx, _, hl = parse(e)
-    local rec = redis.call('HGET', recovered, id)
-    local n, c = 0, 0
-    if rec then
-      local sn, sc = string.match(rec, '^(%d+):(%d+)$')
-      n, c = tonumber(sn) or 0, tonumber(sc) or 0
-    end
-    local charged = p and redis.call('HGET', started, id) == m
-    if not p then
-      -- a malformed in-flight entry (written by hand): nothing can run it
-      ok = try_hset(dead_jobs, id, dead_record(id, 'lease_expired',
-        'the lease of a malformed entry expired', e))
-      if ok then
-        redis.call('ZADD', dead, now, id)
-        redis.call('PUBLISH', done .. ':' .. id, 'd')
-        buried = buried + 1
-        if tracked(id) then t_dead[#t_dead + 1] = id end
-      end
-    elseif charged and a >= mx then
-      ok = try_hset(dead_jobs, id, dead_record(id, 'crashed_worker',
-        'its worker died (or stalled past its lease) while running it, ' .. (c + 1)
-        .. ' times; ' .. (n + 1) .. ' workers died holding it', e))
-      if ok then
-        redis.call('ZADD', dead, now, id)
-        redis.call('HDEL', recovered, id)
-        redis.call('PUBLISH', done .. ':' .. id, 'd')
-        crashed = crashed + 1
-        if tracked(id) then t_dead[#t_dead + 1] = id end
-      end
-    else
-      if charged then
-        c = c + 1
-      else
-        -- not known to have started: an innocent neighbour, its attempt refunded by
-        -- raising max_attempts (not by lowering attempt: the next run must hold a new
-        -- lease name, or a late ack of this one would finish it)
-        e = with_attempt(e, p, a, mx + 1, id, hl)
-      end
-      ok = push_head(id, p, e)
-      if ok then
-        redis.call('HSET', recovered, id, (n + 1) .. ':' .. c)
-        redis.call('HSET', pending, id, 'r')
-        reaped = reaped + 1
-        g_back[#g_back + 1] = id
+  if string.byte(m, 1) == 58 then
+    -- a bundle: each of its running jobs as if it had a lease of its own, latest first
+    local bd = bundle_state(inflight, bundles, m)
+    for pos = bd and #bd[2] or 0, 1, -1 do
+      local id, e = bundle_job(bd, pos)
+      if id then
+        ok = reap(m .. string.char(math.floor(pos / 256), pos % 256), id, e)
+        if not ok then
+          bd[2][pos] = 48  -- still running: the bundle stays reserved
+          bd[3] = bd[3] - 1
+          break
+        end
       end
     end
-    if ok then
-      -- a job handed off (enqueue.lua) that nobody took is on the wake list still: it
-      -- goes, or a late BLPOP would run it beside its reaped copy
-      redis.call('LREM', wake, 1, leased)
-      redis.call('HDEL', started, id)
-      redis.call('HDEL', inflight, id)
-      if g_back[#g_back] ~= id then g_dead[#g_dead + 1] = id end
+  else
+    local id = member_id(m)
+    local e = id and redis.call('HGET', inflight, id)
+    if e then
+      ok = reap(m, id, e)
+      if ok then
+        -- a job handed off (enqueue.lua) that nobody took is on the wake list still:
+        -- it goes, or a late BLPOP would run it beside its reaped copy
+        redis.call('LREM', wake, 1, e)
+        redis.call('HDEL', started, id)
+        redis.call('HDEL', inflight, id)
+      end
     end
   end
   if not ok then break end  -- refused (full Redis): the rest stay reserved until later
   gone[#gone + 1] = m
 end
+if #bundles > 0 then bundle_done(reserved, inflight, stats, bundles) end
 if #gone > 0 then
   redis.call('ZREM', reserved, unpack(gone))
   unpin(inflight)
@@ -241,7 +272,7 @@ for g in pairs(woken) do gwake(groups, gwait, gstate, g) end
 
 -- 3. pop and reserve
 local marks = {}
-local out = {now, -1, -1, #moved, reaped, buried, 0, crashed, marks, due}
+local out = {now, -1, -1, #moved, reaped, buried, 0, crashed, marks, due, {}}
 local header_n = #out
 local flow = -1  -- the earliest time a throttled queue or group may start jobs again
 local function soon(t)
@@ -274,6 +305,10 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   -- to drop it; otherwise they cost nothing here)
   local any_recovered, any_tombstones, any_cancelled
   local flags, skipped = {}, {}
+  -- the plain jobs of a pop without groups and without a queue concurrency limit are
+  -- leased as one bundle (ARGV[6], _lib.lua "Bundles"), unless some job of the queue
+  -- has crash marks (a recovered job must be leased, and maybe run, alone)
+  local bundling, bund = false, {}
 
   -- one popped entry: reserved (true), or dropped (cancelled, malformed)
   local function take(e)
@@ -282,7 +317,8 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
       any_tombstones = redis.call('HLEN', cancel) > 0
       any_cancelled = tonumber(redis.call('HGET', campaigns, '~cancelled') or '0') > 0
     end
-    local id, r, lease_name = count_attempt(e)
+    local p, a, _, id
+    if bundling then id = header_id(e) else p, a, _, id = header(e) end
     if id and any_tombstones and redis.call('HDEL', cancel, id) == 1 then
       -- cancelled while it waited (cancel.lua): dropped, never run
       dropped = dropped + 1
@@ -313,6 +349,11 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
       return false
     end
     ids[#ids + 1] = id
+    if bundling and not any_recovered and not tracked(id) then
+      bund[#bund + 1] = e  -- as popped: the worker counts the attempt
+      return true
+    end
+    local _, r, lease_name = count_attempt(e, p, a, id)
     hargs[#hargs + 1] = id
     hargs[#hargs + 1] = r
     zargs[#zargs + 1] = deadline
@@ -335,7 +376,10 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   local qtok
   if qlim then
     if qlim.conc then
-      local free = qlim.conc - redis.call('ZCARD', reserved)
+      -- jobs running: leases, where a bundle counts its running jobs (bundle_done)
+      local bc = redis.call('HMGET', stats, 'bundles', 'bundled')
+      local free = qlim.conc - (redis.call('ZCARD', reserved) - (tonumber(bc[1]) or 0)
+        + (tonumber(bc[2]) or 0))
       if free <= 0 then redis.call('HSET', gstate, QUEUE .. ':blk', 1) end
       want = math.min(want, free)
     end
@@ -353,6 +397,7 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   local looked = math.min(want, 2 * math.ceil(want / QUANTUM))
   local sel = want > 0 and redis.call('ZRANGE', groups, 0, looked - 1, 'WITHSCORES') or {}
   local plain = want
+  bundling = ARGV[6] == '1' and #sel == 0 and not (qlim and qlim.conc)
   if #sel > 0 then
     -- the plain lists take one participant's share, and when there is less than one
     -- job for each, their turn comes once per round like a group's (a pop counter)
@@ -463,6 +508,27 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   gadd(gstate, run_order, running, ':run')
   if qtok and asked > want then take_tokens(gstate, QUEUE, qtok - (asked - want), now) end
 
+  if #bund == 1 then
+    -- one job: a lease of its own costs less than a bundle (three counters, a mask)
+    local id, r, lease_name = count_attempt(bund[1])
+    hargs[#hargs + 1] = id
+    hargs[#hargs + 1] = r
+    zargs[#zargs + 1] = deadline
+    zargs[#zargs + 1] = lease_name
+    out[#out + 1] = r
+  elseif #bund > 1 then
+    local b = ':b' .. redis.call('HINCRBY', stats, 'bseq', 1) .. '.' .. now
+    hargs[#hargs + 1] = b
+    hargs[#hargs + 1] = cmsgpack.pack(bund)
+    hargs[#hargs + 1] = b .. '~'
+    hargs[#hargs + 1] = string.rep('0', #bund)
+    zargs[#zargs + 1] = deadline
+    zargs[#zargs + 1] = b
+    redis.call('HINCRBY', stats, 'bundles', 1)
+    redis.call('HINCRBY', stats, 'bundled', #bund)
+    out[header_n] = {b, #bund}
+    for _, e in ipairs(bund) do out[#out + 1] = e end
+  end
   if #hargs > 0 then
     lease_entries(inflight, hargs)
     redis.call('ZADD', reserved, unpack(zargs))

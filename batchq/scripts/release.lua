@@ -9,10 +9,12 @@
 -- KEYS[15] pending hash: a given-back job is ready again (job_status, cancel.lua)
 -- KEYS[16] gready zset, KEYS[17] groups zset, KEYS[18] gwait zset, KEYS[19] gstate
 --          hash: a grouped job goes back to its group and gives back its running slot
+-- KEYS[20] stats hash: "bundles" and "bundled" (_lib.lua bundle_done)
 -- ARGV[1]  hold in ms (0: none): each given-back job's group (or, for a job without a
 --          group, the whole queue) starts no job until now + hold (RateLimited); a
 --          longer hold already set is kept
--- ARGV[2..] leases "<id>:<attempt>" in the order the jobs were popped
+-- ARGV[2..] leases "<id>:<attempt>" or "<bundle><position>" (_lib.lua "Bundles"), in
+--          the order the jobs were popped
 -- Returns  how many were given back (stale leases are skipped).
 local reserved = KEYS[1]
 local inflight = KEYS[2]
@@ -24,6 +26,7 @@ local gready = KEYS[16]
 local groups = KEYS[17]
 local gwait = KEYS[18]
 local gstate = KEYS[19]
+local stats = KEYS[20]
 
 local function ready_key(p)
   return KEYS[READY9 + 9 - p]
@@ -45,31 +48,43 @@ local marks = redis.call('HLEN', started) > 0
 local n = 0
 local back, woken = {}, {}
 local plain = false  -- a job without a group went back: a hold holds the whole queue
+local cache = {}  -- bundles met (_lib.lua "Bundles")
 for i = #ARGV, 2, -1 do
   local m = ARGV[i]
-  local id = member_id(m)
-  local e = id and redis.call('ZSCORE', reserved, m) and redis.call('HGET', inflight, id)
-  if e then
-    local p, a, mx, _, hl = parse(e)
-    if p then
-      local r = with_attempt(e, p, math.max(a - 1, 0), mx, id, hl)
-      local g = string.find(id, '~', 1, true) and group_of(id)
-      if g then
-        gpush(gready, gstate, {{g, p, r}}, true)
-        woken[g] = true
-      else
-        redis.call('LPUSH', ready_key(p), r)
-        plain = true
-      end
+  local single = string.byte(m, 1) ~= 58  -- ":": a bundle's job
+  local id, e, r
+  if single then
+    id = member_id(m)
+    e = id and redis.call('ZSCORE', reserved, m) and redis.call('HGET', inflight, id)
+    if e then
+      local p, a, mx, _, hl = parse(e)
+      if p then r = with_attempt(e, p, math.max(a - 1, 0), mx, id, hl) end
+    end
+  else
+    local b, pos = bundle_pos(m)
+    id, e, r = bundle_job(bundle_state(inflight, cache, b), pos)
+  end
+  if r then
+    local p = tonumber(string.sub(r, 1, 1))
+    local g = string.find(id, '~', 1, true) and group_of(id)
+    if g then
+      gpush(gready, gstate, {{g, p, r}}, true)
+      woken[g] = true
+    else
+      redis.call('LPUSH', ready_key(p), r)
+      plain = true
+    end
+    if single then
       redis.call('ZREM', reserved, m)
       redis.call('HDEL', inflight, id)
-      if marks then redis.call('HDEL', started, id) end
-      redis.call('HSET', pending, id, 'r')
-      back[#back + 1] = id
-      n = n + 1
     end
+    if marks then redis.call('HDEL', started, id) end
+    redis.call('HSET', pending, id, 'r')
+    back[#back + 1] = id
+    n = n + 1
   end
 end
+if #cache > 0 then bundle_done(reserved, inflight, stats, cache) end
 if plain and hold > 0 then hold_off(QUEUE) end
 for g in pairs(woken) do
   if hold > 0 then hold_off(g) else gwake(groups, gwait, gstate, g) end

@@ -22,7 +22,7 @@ local pending = KEYS[6]
 if ARGV[1] == '1' then
   local _, _, _, id = parse(ARGV[4])
   if redis.call('ZSCORE', delayed, ARGV[4])
-      or (id and redis.call('HEXISTS', inflight, id) == 1)
+      or (id and is_running(inflight, id))
       or redis.call('LPOS', ready, ARGV[4], 'RANK', -1, 'MAXLEN', 100000) then
     return -1
   end

@@ -1,7 +1,7 @@
 -- status.lua: where one job is, read atomically from its queue's keys (no list scan).
 --
 -- KEYS[1]  pending hash: id -> "r" (ready) or the entry (delayed)
--- KEYS[2]  inflight hash: id -> entry of a reserved (running) job
+-- KEYS[2]  inflight hash: id -> entry of a reserved (running) job, and the bundles
 -- KEYS[3]  dead:jobs hash: id -> dead record
 -- KEYS[4]  cancelled zset: id -> when it was cancelled
 -- KEYS[5]  cancel hash: cancelled ready jobs not popped yet
@@ -31,7 +31,7 @@ local slot, off = wait_pos(seq_top(seq), seq_of(id))
 if slot and redis.call('GETBIT', KEYS[WAIT0 + slot], off) == 1 then
   return {'ready'}
 end
-if redis.call('HEXISTS', inflight, id) == 1 then
+if is_running(inflight, id) then
   return {'reserved'}
 end
 if want then

@@ -50,7 +50,7 @@ from ..scripts import arun_pipeline, calls
 from .burst import burst_done
 from .outcomes import Outcomes
 from .selection import Selector
-from .state import BURST_POLL_S, PROMOTE_CHUNK, REDIS_ERRORS, State
+from .state import BURST_POLL_S, CHUNK, PROMOTE_CHUNK, REDIS_ERRORS, State
 from .wake import Waiter
 
 log = logging.getLogger("batchq.worker")
@@ -73,9 +73,13 @@ keep them from an idle neighbour (at 60,000 jobs/s on two processes, p99 6.8 →
 
 RTT_EWMA_ALPHA = 0.2
 
-_HEAD = 10
+_HEAD = 11
 """pop.lua's reply: {now, next_due, next_deadline, promoted, reaped, expired, malformed,
-crashed, recovered positions, due campaigns, jobs...}"""
+crashed, recovered positions, due campaigns, {bundle, n} or {}, jobs...}"""
+
+_POSITIONS = [i.to_bytes(2, "big") for i in range(CHUNK + 1)]
+"""A bundle job's position as its lease ends (``<bundle><position>``: two bytes,
+big-endian, ``_lib.lua`` "Bundles"), made once."""
 
 
 class Fetcher:
@@ -382,7 +386,8 @@ class Fetcher:
 
     def _pop_call(self, k: QueueKeys, want: int, lease_ms: int) -> calls.Call:
         self.waiter.registered = True
-        return calls.pop(k, want, lease_ms, PROMOTE_CHUNK, self.st.worker_id, self._idle_ms)
+        return calls.pop(k, want, lease_ms, PROMOTE_CHUNK, self.st.worker_id, self._idle_ms,
+                         bundle=True)
 
     def _take(self, k: QueueKeys, res: list[Any], wait_ms: float) -> tuple[int, float]:
         """Account for one pop reply and accept its jobs: (jobs got, idle wait in ms)."""
@@ -390,7 +395,7 @@ class Fetcher:
         m = st.m
         c = st.counters
         now, next_due, next_deadline, promoted, reaped, expired, malformed, crashed, \
-            marks, due_campaigns = res[:_HEAD]
+            marks, due_campaigns, bundle = res[:_HEAD]
         if due_campaigns:
             st.due_campaigns.update(x.decode() for x in due_campaigns)
             st.due_event.set()
@@ -411,26 +416,38 @@ class Fetcher:
                 wait_ms = min(wait_ms, due - now + 2)
         got = 0
         if len(res) > _HEAD:
-            got = self.accept(k.queue, res[_HEAD:], marks)
+            got = self.accept(k.queue, res[_HEAD:], marks, bundle)
             if m is not None:
                 m.batch.observe((k.queue,), got)
         return got, wait_ms
 
-    def accept(self, queue: str, entries: list[bytes], marks: list[int] | None = None) -> int:
+    def accept(self, queue: str, entries: list[bytes], marks: list[int] | None = None,
+               bundle: list[Any] | None = None) -> int:
         """Decode popped entries into ``work`` (batch tasks grouped; a recovered job on
-        its own, to be run alone). ``marks``: 1-based positions of recovered jobs."""
+        its own, to be run alone). ``marks``: 1-based positions of recovered jobs;
+        ``bundle``: ``[name, n]`` when the last ``n`` entries are a bundle's (leased
+        together, their attempt not counted yet: ``pop.lua``)."""
         st = self.st
         held = st.held[queue]
         tasks = st.tasks
         groups: dict[str, list[Job]] = {}
         recovered = set(marks) if marks else ()
         n = 0
+        first = len(entries) + 1  # the position of the bundle's first job
+        prefix = b""
+        if bundle:
+            first -= int(bundle[1])
+            prefix = bundle[0]
         for pos, raw in enumerate(entries, 1):
+            lease = prefix + _POSITIONS[pos - first + 1] if pos >= first else None
             try:
                 job = codec.decode_entry(raw, queue)
             except codec.DecodeError as exc:
-                self.out.bury_raw(queue, raw, "decode_error", exc)
+                self.out.bury_raw(queue, raw, "decode_error", exc, lease)
                 continue
+            if lease is not None:
+                job.attempt += 1
+                job.lease = lease
             held[job.lease] = job
             n += 1
             t = tasks.get(job.task)

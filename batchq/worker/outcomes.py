@@ -109,7 +109,7 @@ class Outcomes:
             self.fail(job, task, exc, "failed")
             return
         b = self.settle(job)
-        b.results.append((job.lease, ttl_ms, data, job.task))
+        b.results.append((job.lease, ttl_ms, data, job.task, job.id))
         self.st.counters.succeeded += 1
 
     def fail(self, job: Job, task: Task[..., Any], exc: BaseException, reason: str) -> None:
@@ -168,7 +168,8 @@ class Outcomes:
         log.warning("job %s (%s) dead-lettered: %s: %s: %s", job.id, job.task, reason,
                     type(exc).__name__, message)
         record = codec.encode_dead_record(
-            job.id, reason, job.raw, error_type=type(exc).__name__, error_message=message,
+            job.id, reason, codec.counted(job.raw, job.attempt) if job.lease[:1] == b":"
+            else job.raw, error_type=type(exc).__name__, error_message=message,
             traceback=_format_tb(exc),
         )
         # an unregistered name is not a metrics label: producers must not mint series
@@ -176,9 +177,14 @@ class Outcomes:
         self.settle(job).dead.append((job.lease, record, label, reason))
         self.count_dead(reason)
 
-    def bury_raw(self, queue: str, raw: bytes, reason: str, exc: BaseException) -> None:
-        """Dead-letter an entry that is not a job (it never entered ``held``)."""
-        jid, lease = codec.lease_of(raw)
+    def bury_raw(self, queue: str, raw: bytes, reason: str, exc: BaseException,
+                 lease: bytes | None = None) -> None:
+        """Dead-letter an entry that is not a job (it never entered ``held``); ``lease``:
+        a bundle job's (its own header names the lease of any other)."""
+        jid, own = codec.lease_of(raw)
+        if lease is not None:  # a bundle job: its run counts an attempt (pop.lua)
+            raw = codec.counted(raw, int(raw.split(b":", 2)[1]) + 1)
+        lease = lease or own
         log.warning("job %r in %s dead-lettered: %s: %s", jid, queue, reason, exc)
         record = codec.encode_dead_record(jid, reason, raw, error_type=type(exc).__name__,
                                           error_message=describe(exc))
@@ -238,8 +244,9 @@ class Outcomes:
             for i in range(0, len(b.results), CHUNK):
                 part_r = b.results[i : i + CHUNK]
                 batch.append((calls.ack_result(k, [(lease, ttl, data)
-                                                   for lease, ttl, data, _ in part_r]),
-                              q, "ok", [t for _, _, _, t in part_r]))
+                                                   for lease, ttl, data, _, _ in part_r],
+                                               [r[4] for r in part_r]),
+                              q, "ok", [r[3] for r in part_r]))
             for i in range(0, len(b.retries), CHUNK):
                 part = b.retries[i : i + CHUNK]
                 batch.append((calls.nack(k, retries=[(lease, d) for lease, d, _ in part]),

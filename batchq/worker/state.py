@@ -155,8 +155,8 @@ class Buffers:
     """(lease, retry delay in ms, task)"""
     dead: list[tuple[bytes, bytes, str, str]] = field(default_factory=list)
     """(lease, dead record, task, reason)"""
-    results: list[tuple[bytes, int, bytes, str]] = field(default_factory=list)
-    """Acks that keep a result: (lease, result TTL in ms, msgpack result, task)"""
+    results: list[tuple[bytes, int, bytes, str, str]] = field(default_factory=list)
+    """Acks that keep a result: (lease, result TTL in ms, msgpack result, task, job id)"""
     holds: list[tuple[bytes, int, str]] = field(default_factory=list)
     """Jobs given back by ``RateLimited``: (lease, hold of their group in ms, task)"""
 

@@ -122,7 +122,7 @@ def test_scripts_and_pipelines_reload_after_script_flush(cluster: EmbeddedCluste
         k = app.keys(q)
         app.sync_scripts.call(calls.pop(k, 4, 30_000, 100), client=pipe)
     results = run_pipeline(pipe, app.redis)
-    assert [len(r) - 10 for r in results] == [4, 4, 4], results
+    assert [len(r) - 11 for r in results] == [4, 4, 4], results
 
     # enqueue_many windows (several chunks: pipelined) and a lone call, sync and async
     flush_scripts()

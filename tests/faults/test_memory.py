@@ -209,7 +209,7 @@ def test_a_worker_starts_against_a_full_redis(small: EmbeddedServer,
     assert report.valid, report.details()
 
 
-@pytest.mark.parametrize("what", ["due-retry", "expired-lease"])
+@pytest.mark.parametrize("what", ["due-retry", "expired-lease", "expired-bundle"])
 def test_a_full_redis_drains_with_a_due_job_or_an_expired_lease(
         small: EmbeddedServer, fleet_on: FleetFactory, what: str) -> None:
     """Fixed: ``pop.lua`` first moves due delayed jobs (``RPUSH``) and reaps expired leases
@@ -226,14 +226,18 @@ def test_a_full_redis_drains_with_a_due_job_or_an_expired_lease(
     fleet.wait_children(sup, 1)
     os.kill(sup.pid, signal.SIGTSTP)
     fleet.until(lambda: "fetching paused" in sup.read_log(), 10, "paused")
-    special = "special"
+    special = ["special"]
     if what == "due-retry":
-        work.options(delay_s=0.5).enqueue(special)
-    else:  # a worker took it with a 200 ms lease and died
-        work.enqueue(special)
+        work.options(delay_s=0.5).enqueue(special[0])
+    else:  # a worker took it (alone, or two in a bundle) with a 200 ms lease and died
+        if what == "expired-bundle":
+            special.append("special2")
+        work.enqueue_many([(t,) for t in special])
         k = fleet.app.keys("default")
-        got = fleet.app.sync_scripts.call(calls.pop(k, 1, 200, 100))
-        assert len(got) == 11  # ten head fields and the job
+        got = fleet.app.sync_scripts.call(calls.pop(k, 2, 200, 100,
+                                                    bundle=what == "expired-bundle"))
+        assert len(got) == 11 + len(special)  # eleven head fields and the jobs
+        assert bool(got[10]) == (what == "expired-bundle")
     written, _ = fill(work, "b")
     clamp(fleet.r)
     time.sleep(0.6)  # the delayed job is due / the lease has expired
@@ -246,11 +250,11 @@ def test_a_full_redis_drains_with_a_due_job_or_an_expired_lease(
             fails = [x for x in sup.read_log().splitlines() if "fetch failed" in x]
             raise AssertionError(f"0 of {len(written) + 1} jobs ran in 3 s; the worker "
                                  f"logged {len(fails)} failed fetches, e.g.\n{fails[:1]}")
-        return set(written) | {special} <= done
+        return set(written) | set(special) <= done
 
     wait_until(drained, 15, 0.1)
     fleet.settle()
-    report = fleet.check([*written, special], killed_pids=())
+    report = fleet.check([*written, *special], killed_pids=())
     assert report.valid, report.details()
 
 

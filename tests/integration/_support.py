@@ -6,10 +6,12 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgpack
 import redis
 from helpers import CliProcess
 
 import batchq
+from batchq.keys import QueueKeys
 
 
 @dataclass(frozen=True)
@@ -57,3 +59,21 @@ def pending_keys(r: redis.Redis, app: batchq.App, queue: str) -> dict[str, int]:
 def server_time_s(r: redis.Redis) -> float:
     sec, usec = r.time()
     return int(sec) + int(usec) / 1e6
+
+
+def running(r: redis.Redis, k: QueueKeys) -> dict[str, int]:
+    """Job id -> attempt of every job the reserved zset holds: a lease "<id>:<attempt>"
+    is one job; a bundle (``_lib.lua`` "Bundles") holds its jobs whose mask byte is "0",
+    their entries stored as popped (the run is attempt + 1)."""
+    out: dict[str, int] = {}
+    for m in r.zrange(k.reserved, 0, -1):
+        if not m.startswith(b":b"):
+            jid, attempt = m.decode().rsplit(":", 1)
+            out[jid] = int(attempt)
+            continue
+        packed, mask = r.hmget(k.inflight, [m, m + b"~"])
+        for e, bit in zip(msgpack.unpackb(packed, raw=True), mask, strict=True):
+            if bit == ord("0"):
+                _, a, _, jid, _ = e.split(b":", 4)
+                out[jid.decode()] = int(a) + 1
+    return out

@@ -55,7 +55,7 @@ def test_a_backlog_keeps_two_pops_on_the_wire_and_runs_every_job_once(
         most = max(most, wire)
         try:
             res = await call(k, want, lease_ms)
-            full += len(res) - 10 == want
+            full += len(res) - 11 == want
             return res
         finally:
             wire -= 1
@@ -105,7 +105,7 @@ def test_a_stop_waits_for_a_slow_reply_to_a_pop_sent_ahead(app, queue_name, redi
             w.request_stop()  # sent ahead, and now the worker stops
         res = await call(k, want, lease_ms)
         if stop:
-            slowed.append(len(res) - 10)
+            slowed.append(len(res) - 11)
             await asyncio.sleep(0.3)  # the reply is late
         return res
 
@@ -161,7 +161,7 @@ def test_only_a_queue_that_is_behind_is_read_ahead() -> None:
     now = int(time.time() * 1000)
 
     def reply(*ready_ms: int) -> list[Any]:
-        head: list[Any] = [now, -1, -1, 0, 0, 0, 0, 0, [], []]
+        head: list[Any] = [now, -1, -1, 0, 0, 0, 0, 0, [], [], []]
         return head + [codec.header(0, 3) + f"j{i}".encode() + b":"
                        + codec.encode_body("t", [], {}, ms) for i, ms in enumerate(ready_ms)]
 
@@ -169,4 +169,4 @@ def test_only_a_queue_that_is_behind_is_read_ahead() -> None:
     assert fetch._behind(reply(now - behind - 50, now))
     assert not fetch._behind(reply(now + 5, now - 1000))  # the first popped is the oldest
     assert not fetch._behind(reply())
-    assert not fetch._behind([*reply(now)[:10], b"not a job"])
+    assert not fetch._behind([*reply(now)[:11], b"not a job"])

@@ -11,7 +11,7 @@ from batchq import codec
 from batchq.keys import QueueKeys
 from batchq.scripts import SyncScripts, calls
 
-HEAD = 10
+HEAD = 11
 """pop.lua's reply: ten fields (the tenth: campaigns that became due), then the jobs."""
 
 

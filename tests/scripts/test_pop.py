@@ -499,7 +499,7 @@ def test_pop_clears_waiting_bits_per_run_and_only_its_own(redis_client, s, k):
 
     assert bits() == {2, 79, 82, 89, 91, *range(3, 63), 80, 81, 90}
     def popped(n: int) -> int:
-        return len(s.call(calls.pop(k, n, 30_000, 100))) - 10
+        return len(s.call(calls.pop(k, n, 30_000, 100))) - 11
 
     assert popped(25) == 25  # 3..27: unaligned start and end
     assert bits() == {2, 79, 82, 89, 91, *range(28, 63), 80, 81, 90}
