@@ -197,12 +197,15 @@ local function bundle_state(inflight, cache, b)
   if bd == nil then
     local v = redis.call('HMGET', inflight, b, b .. '~')
     bd = false
-    if v[1] and string.byte(b, -1) ~= 126 then  -- (a mask's name is no bundle's)
+    -- (a name is ":b" and digits: not the pin, nor a mask)
+    if v[1] and string.byte(b, 2) == 98 and string.byte(b, -1) ~= 126 then
       -- no mask (a script stopped by an error between its delete and write-back): all
       -- its jobs count as running, to run again rather than be lost
       local es = not v[2] and cmsgpack.unpack(v[1])
-      redis.call('HDEL', inflight, b .. '~')
-      bd = {es or v[1], {string.byte(v[2] or string.rep('0', #es), 1, -1)}, 0}
+      if v[2] or type(es) == 'table' then
+        redis.call('HDEL', inflight, b .. '~')
+        bd = {es or v[1], {string.byte(v[2] or string.rep('0', #es), 1, -1)}, 0}
+      end
     end
     cache[#cache + 1] = b
     cache[b] = bd

@@ -311,12 +311,15 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   local bundling, bund = false, {}
 
   -- one popped entry: reserved (true), or dropped (cancelled, malformed)
-  local function take(e)
+  local function read_flags()
     if any_recovered == nil then
       any_recovered = redis.call('HLEN', recovered) > 0
       any_tombstones = redis.call('HLEN', cancel) > 0
       any_cancelled = tonumber(redis.call('HGET', campaigns, '~cancelled') or '0') > 0
     end
+  end
+  local function take(e)
+    read_flags()
     local p, a, _, id
     if bundling then id = header_id(e) else p, a, _, id = header(e) end
     if id and any_tombstones and redis.call('HDEL', cancel, id) == 1 then
@@ -421,8 +424,26 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
       nonempty = nonempty - 1
       plain = plain - #items
       want = want - #items
-      if #sel == 0 then
-        for _, e in ipairs(items) do take(e) end  -- no groups: no turns to take
+      if #sel == 0 then  -- no groups: no turns to take
+        read_flags()
+        if bundling and not any_recovered and not any_tombstones then
+          -- a bundle's plain jobs (the common case) inline, anything else through take
+          local nb, ni = #bund, #ids
+          for _, e in ipairs(items) do
+            local id = header_id(e)
+            if id and not tracked(id) then
+              nb = nb + 1
+              bund[nb] = e
+              ni = ni + 1
+              ids[ni] = id
+            else
+              take(e)
+              nb, ni = #bund, #ids
+            end
+          end
+        else
+          for _, e in ipairs(items) do take(e) end
+        end
       else
         for _, e in ipairs(items) do lanes[1][#lanes[1] + 1] = e end
       end

@@ -234,3 +234,28 @@ def test_long_but_legal_counts_are_bundled(redis_client, s, k):
     assert s.call(calls.nack(k, retries=[(held(b, 1)[0], 0)])) == []
     assert redis_client.zrange(k.delayed, 0, -1) == [
         b"0:1000000000000:999999999999:top:body"]
+
+
+@pytest.mark.parametrize("lease", [b":", b":b", b":b1", b":b1.2~\x00\x01", b":table\x00\x01"])
+def test_a_lease_that_names_no_bundle_is_stale(redis_client, s, k, lease):
+    fill(redis_client, k, 2)
+    b, _, _ = bpop(s, k, 2)
+    assert s.call(calls.ack(k, [lease])) == [1]
+    assert s.call(calls.nack(k, retries=[(lease, 0)])) == [1]
+    assert s.call(calls.release(k, [lease])) == 0
+    assert s.call(calls.extend(k, 60_000, [lease])) == [1]
+    assert counts(redis_client, k) == (1, 2)
+    assert s.call(calls.ack(k, held(b, 1, 2))) == []
+
+
+def test_a_bundle_without_its_mask_gives_every_job_back(redis_client, s, k):
+    # a script stopped by an error between its delete of the mask and the write-back
+    # (a key of the wrong type, written by hand): its jobs run again, never vanish
+    es = fill(redis_client, k, 3)
+    b, _, _ = bpop(s, k, 3)
+    redis_client.hdel(k.inflight, b + b"~")
+    redis_client.zadd(k.reserved, {b: server_ms(redis_client) - 10})
+    assert int(s.call(calls.pop(k, 0, 30_000, 100, bundle=True))[4]) == 3
+    assert redis_client.lrange(k.ready_for(0), 0, -1) == [
+        refunded(with_attempt(e, 1), 1) for e in es]
+    assert not redis_client.exists(k.inflight, k.reserved)
