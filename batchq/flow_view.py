@@ -158,7 +158,7 @@ def read(client: redis.Redis, queues: Sequence[QueueKeys], *, groups: int = WAIT
                        list[tuple[str, float]]]] = []
     for j, k in enumerate(queues):
         qlim, dlim, page, total, members, bc, waiting = res[1 + 7 * j : 8 + 7 * j]
-        reserved = reserved_jobs(members, *(bc if isinstance(bc, list) else (0, 0)))
+        reserved = reserved_jobs(members, *(bc if isinstance(bc, list) else (0,)))
         uses: list[LimitUse] = []
         own = _limit(QUEUE_FIELD, qlim) if isinstance(qlim, bytes | str) else None
         if own is not None:

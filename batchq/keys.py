@@ -10,7 +10,10 @@ Layout of one queue ``Q`` in namespace ``NS`` (``T`` = ``NS:{NS:Q}``)::
     T:ready:9 .. T:ready:0   lists of encoded jobs, one per priority level (9 runs first)
     T:delayed                zset  encoded job -> due time (ms, server clock)
     T:reserved               zset  "<id>:<attempt>" -> lease deadline (ms, server clock)
-    T:inflight               hash  id -> encoded job as reserved (attempt already counted)
+    T:inflight               hash  id -> encoded job as reserved (attempt already counted);
+                                   a bundle's name -> its entries, name~ -> its mask
+    T:bundles                zset  bundle ":b<n>.<ms>" -> lease deadline: the plain jobs
+                                   of one pop leased together (_lib.lua "Bundles")
     T:dead                   zset  id -> time it was dead-lettered (ms)
     T:dead:jobs              hash  id -> msgpack dead record (reason, error, raw job bytes)
     T:wake                   list  at most one token, and jobs handed off (leased by
@@ -164,6 +167,9 @@ class QueueKeys:
     """Ready lists ordered from the highest priority (9) to the lowest (0)."""
     delayed: str = field(init=False)
     reserved: str = field(init=False)
+    bundles: str = field(init=False)
+    """Bundles (``_lib.lua``): one lease for the plain jobs of a pop, apart from
+    ``reserved`` so that a worker from before bundles never reaps one."""
     inflight: str = field(init=False)
     dead: str = field(init=False)
     dead_jobs: str = field(init=False)
@@ -214,8 +220,8 @@ class QueueKeys:
         object.__setattr__(
             self, "ready", tuple(f"{p}:ready:{i}" for i in range(MAX_PRIORITY, -1, -1))
         )
-        for name in ("delayed", "reserved", "inflight", "dead", "wake", "paused", "stats",
-                     "recovered", "started", "periodic", "pending", "cancel", "cancelled",
+        for name in ("delayed", "reserved", "bundles", "inflight", "dead", "wake", "paused",
+                     "stats", "recovered", "started", "periodic", "pending", "cancel", "cancelled",
                      "done", "seq", "waiting0", "waiting1", "waiting2", "waiting3",
                      "waiters", "campaigns", "jobmeta", "dedup", "gready", "groups",
                      "gwait", "gstate", "limits", "idle"):
@@ -233,6 +239,7 @@ class QueueKeys:
             *self.ready,
             self.delayed,
             self.reserved,
+            self.bundles,
             self.inflight,
             self.dead,
             self.dead_jobs,

@@ -24,15 +24,15 @@ OUTCOMES = ("enqueued", "succeeded", "dead", "retried", "handed")
 """The counters the scripts keep in a queue's ``stats`` hash, in the order read
 (``handed``: jobs an enqueue leased straight to an idle worker, ``enqueue.lua``)."""
 
-BUNDLE_COUNTS = ("bundles", "bundled")
-"""The stats fields that count live bundles and their running jobs (``_lib.lua``
-"Bundles"): a bundle is one member of the reserved zset for all its jobs."""
+BUNDLE_COUNTS = ("bundled",)
+"""The stats field that counts the running jobs of live bundles (``_lib.lua``
+"Bundles"): a bundle is one member of its own zset for all its jobs."""
 
 
-def reserved_jobs(members: Any, bundles: Any, bundled: Any) -> int:
-    """Jobs reserved (running) from ``ZCARD reserved`` and the two ``BUNDLE_COUNTS``."""
-    n = _int(members)
-    return max(n, n - _int(bundles) + _int(bundled))
+def reserved_jobs(leases: Any, bundled: Any) -> int:
+    """Jobs reserved (running): ``ZCARD reserved`` (leases of their own) and the stats
+    field ``bundled``."""
+    return _int(leases) + max(0, _int(bundled))
 
 
 @dataclass(frozen=True)

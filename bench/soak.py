@@ -176,6 +176,7 @@ class Soak:
             pipe.llen(key)
         pipe.zcard(k.delayed)
         pipe.zcard(k.reserved)
+        pipe.zcard(k.bundles)
         pipe.hlen(k.inflight)
         return sum(pipe.execute())
 

@@ -292,7 +292,8 @@ def leftovers(r: Any, namespace: str, queues: Iterable[str], *,
     for q in queues:
         k = QueueKeys(namespace, q)
         allowed |= {x.encode() for x in (*k.all(), k.seq, k.waiters)}
-        for name, n in (("reserved", r.zcard(k.reserved)), ("inflight", r.hlen(k.inflight))):
+        for name, n in (("reserved", r.zcard(k.reserved)), ("bundles", r.zcard(k.bundles)),
+                        ("inflight", r.hlen(k.inflight))):
             if n:
                 problems.append(f"{q}: {n} entries left in {name}")
         if not allow_pending:

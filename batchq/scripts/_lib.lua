@@ -170,17 +170,17 @@ local function member_id(m)
 end
 
 -- Bundles (pop.lua, ARGV[6]): the plain jobs of one pop leased together. One member
--- ":b<n>.<ms>" in the reserved zset (its deadline), and two fields of that name in the
--- inflight hash: the name itself holds the entries as popped (their attempt NOT
--- counted: the worker counts it, and a bundle job's counted entry is count_attempt of
--- its raw one), the name .. "~" a mask, one byte a job, "0" running, "1" settled. A
--- bundle job's lease is "<bundle><position>" (1-based, below); the bundle goes with its
--- last job. The name has no id in it (ids have no ':'), and a name is never used twice (a
--- counter and the server time), so a late ack of a reaped bundle finds nothing.
--- A bundle job's lease is the name and its position in two bytes, big-endian: read
--- with one string.sub and one string.byte (a pattern with captures cost an ack 2.4
--- times as much). A lease that names no live bundle, or a position it does not have,
--- is stale.
+-- ":b<n>.<ms>" in the bundles zset (its deadline; apart from the reserved zset, so a
+-- worker from before bundles, whose reaper reads only reserved, never takes one), and
+-- two fields of that name in the inflight hash: the name itself holds the entries as
+-- popped (their attempt NOT counted: the worker counts it, and a bundle job's counted
+-- entry is count_attempt of its raw one), the name .. "~" a mask, one byte a job, "0"
+-- running, "1" settled. The bundle goes with its last job. The name has no id in it
+-- (ids have no ':'), and a name is never used twice (a counter and the server time),
+-- so a late ack of a reaped bundle finds nothing. A bundle job's lease is the name and
+-- its position (1-based) in two bytes, big-endian: read with one string.sub and one
+-- string.byte (a pattern with captures cost an ack 2.4 times as much). A lease that
+-- names no live bundle, or a position it does not have, is stale.
 local function bundle_pos(m)
   local hi, lo = string.byte(m, -2, -1)
   return string.sub(m, 1, -3), (hi or 0) * 256 + (lo or 0)
@@ -232,11 +232,11 @@ local function bundle_job(bd, p)
 end
 
 -- Write back what a call settled: each bundle of `cache` keeps its new mask, or goes
--- (reserved member, both fields) with its last job; the stats fields "bundles" (live
--- bundles) and "bundled" (their running jobs) follow, so a reader counts reserved jobs
--- as ZCARD(reserved) - bundles + bundled (stats.py).
-local function bundle_done(reserved, inflight, stats, cache)
-  local gone, settled = 0, 0
+-- (its bundles member, both fields) with its last job; the stats field "bundled" (the
+-- running jobs of live bundles) follows, so a reader counts reserved jobs as
+-- ZCARD(reserved) + bundled (stats.py).
+local function bundle_done(bundles, inflight, stats, cache)
+  local settled = 0
   for _, b in ipairs(cache) do
     local bd = cache[b]
     if bd then
@@ -246,15 +246,11 @@ local function bundle_done(reserved, inflight, stats, cache)
         redis.call('HSET', inflight, b .. '~', mask)
       else
         redis.call('HDEL', inflight, b)
-        redis.call('ZREM', reserved, b)
-        gone = gone + 1
+        redis.call('ZREM', bundles, b)
       end
     end
   end
-  if settled > 0 then
-    redis.call('HINCRBY', stats, 'bundled', -settled)
-    if gone > 0 then redis.call('HINCRBY', stats, 'bundles', -gone) end
-  end
+  if settled > 0 then redis.call('HINCRBY', stats, 'bundled', -settled) end
 end
 
 -- Is job `id` running (leased: its own lease, or a running job of a bundle)? Bundles

@@ -8,6 +8,7 @@
 --          zset: tracked jobs (ids ending "_m") are settled as succeeded (_lib.lua)
 -- KEYS[10] gwait zset, KEYS[11] gstate hash, KEYS[12] wake list: grouped jobs give back
 --          their group's running slot and quota count (_lib.lua gsettle)
+-- KEYS[13] bundles zset (_lib.lua "Bundles")
 -- ARGV     leases "<id>:<attempt>", or "<bundle><position>" (_lib.lua "Bundles"); at
 --          most 1000 per call
 -- Returns  the positions (1-based) of stale leases: ones no longer reserved (the lease
@@ -26,6 +27,7 @@ local dedup_exp = KEYS[9]
 local gwait = KEYS[10]
 local gstate = KEYS[11]
 local wake = KEYS[12]
+local bundles = KEYS[13]
 
 local singles, at, stale, cache = {}, {}, {}, {}
 local settled = 0
@@ -51,7 +53,7 @@ for i, m in ipairs(ARGV) do
   end
 end
 if #cache > 0 then
-  bundle_done(reserved, inflight, stats, cache)
+  bundle_done(bundles, inflight, stats, cache)
   if settled > 0 then redis.call('HINCRBY', stats, 'succeeded', settled) end
   unpin(inflight)
 end

@@ -13,6 +13,7 @@
 --          zset: tracked jobs (ids ending "_m") are settled as succeeded (_lib.lua)
 -- KEYS[12] gwait zset, KEYS[13] gstate hash, KEYS[14] wake list: grouped jobs give back
 --          their group's running slot and quota count (_lib.lua gsettle)
+-- KEYS[15] bundles zset (_lib.lua "Bundles")
 -- The keys after those: the result key of each job, in the order of the triples below
 -- (KEYS[RESULTS + j] belongs to the j-th triple).
 -- ARGV     triples: lease "<id>:<attempt>" or "<bundle><position>" (_lib.lua
@@ -35,7 +36,8 @@ local dedup_exp = KEYS[11]
 local gwait = KEYS[12]
 local gstate = KEYS[13]
 local wake = KEYS[14]
-local RESULTS = 14  -- KEYS[RESULTS + j] is the result key of the j-th triple
+local bundles = KEYS[15]
+local RESULTS = 15  -- KEYS[RESULTS + j] is the result key of the j-th triple
 
 local leases, at = {}, {}  -- per-job leases and their triple numbers
 local stale, ids, live, cache = {}, {}, {}, {}
@@ -59,7 +61,7 @@ for i = 1, #ARGV - 2, 3 do
     at[#at + 1] = j
   end
 end
-if #cache > 0 then bundle_done(reserved, inflight, stats, cache) end
+if #cache > 0 then bundle_done(bundles, inflight, stats, cache) end
 local scores = #leases > 0 and redis.call('ZMSCORE', reserved, unpack(leases)) or {}
 for x, m in ipairs(leases) do
   j = at[x]

@@ -14,6 +14,7 @@
 --          "<done>:<id>" with "d" (result waiters wake)
 -- KEYS[16] gwait zset, KEYS[17] gstate hash: grouped jobs give back their group's
 --          running slot; a dead one also leaves the quota count (_lib.lua gsettle)
+-- KEYS[18] bundles zset (_lib.lua "Bundles")
 -- ARGV[1]  R, the number of retries that follow
 -- ARGV[2..2R+1]        pairs: lease "<id>:<attempt>" or "<bundle><position>" (_lib.lua
 --                      "Bundles"), retry delay in ms
@@ -37,6 +38,7 @@ local pending = KEYS[14]
 local done = KEYS[15]
 local gwait = KEYS[16]
 local gstate = KEYS[17]
+local bundles = KEYS[18]
 
 local now = now_ms()
 local r = tonumber(ARGV[1])
@@ -83,7 +85,7 @@ while i < #ARGV do
   end
   i = i + 2
 end
-if #cache > 0 then bundle_done(reserved, inflight, stats, cache) end
+if #cache > 0 then bundle_done(bundles, inflight, stats, cache) end
 if retried + buried > 0 then
   redis.call('HINCRBY', stats, 'retried', retried)
   redis.call('HINCRBY', stats, 'dead', buried)

@@ -35,6 +35,7 @@
 --          concurrency limits; a group out of tokens or slots waits in gwait and is not
 --          looked at again until its next token (or a freed slot) is due
 -- KEYS[38] idle zset: the hand-off registrations (enqueue.lua)
+-- KEYS[39] bundles zset: leases of bundles (_lib.lua "Bundles"), reaped like reserved
 -- ARGV[1]  how many jobs to pop (0 = maintenance only)
 -- ARGV[2]  lease in ms
 -- ARGV[3]  chunk: at most this many delayed and expired jobs are moved per call
@@ -46,7 +47,7 @@
 --          as they are: they are leased already
 -- ARGV[6]  "1": lease the plain jobs of this pop as one bundle (_lib.lua "Bundles")
 --          when it takes no grouped job, the queue has no concurrency limit and no
---          job of the queue has crash marks; they are counted in stats "bundles" and
+--          job of the queue has crash marks; their running jobs are counted in stats
 --          "bundled" (bundle_done)
 --
 -- Crash marks. An expired lease means its worker died or stalled; the script cannot
@@ -95,6 +96,7 @@ local gwait = KEYS[35]
 local gstate = KEYS[36]
 local limits = KEYS[37]
 local idle = KEYS[38]
+local bundles = KEYS[39]
 
 local QUANTUM = 10  -- jobs a group (of weight 1) may start in one turn
 local ISOLATE_AFTER = 2  -- recoveries after which a job runs alone, its start recorded
@@ -206,42 +208,61 @@ local function reap(m, id, e)
   if ok and g_back[#g_back] ~= id then g_dead[#g_dead + 1] = id end
   return ok
 end
-local bundles = {}  -- expired bundles met (_lib.lua "Bundles")
+local ok = true
 for x = #expired, 1, -1 do
   local m = expired[x]
-  local ok = true
-  if string.byte(m, 1) == 58 then
-    -- a bundle: each of its running jobs as if it had a lease of its own, latest first
-    local bd = bundle_state(inflight, bundles, m)
-    for pos = bd and #bd[2] or 0, 1, -1 do
-      local id, e = bundle_job(bd, pos)
-      if id then
-        ok = reap(m .. string.char(math.floor(pos / 256), pos % 256), id, e)
-        if not ok then
-          bd[2][pos] = 48  -- still running: the bundle stays reserved
-          bd[3] = bd[3] - 1
-          break
-        end
-      end
-    end
-  else
-    local id = member_id(m)
-    local e = id and redis.call('HGET', inflight, id)
-    if e then
-      ok = reap(m, id, e)
-      if ok then
-        -- a job handed off (enqueue.lua) that nobody took is on the wake list still:
-        -- it goes, or a late BLPOP would run it beside its reaped copy
-        redis.call('LREM', wake, 1, e)
-        redis.call('HDEL', started, id)
-        redis.call('HDEL', inflight, id)
+  local id = member_id(m)
+  local e = id and redis.call('HGET', inflight, id)
+  if e then
+    ok = reap(m, id, e)
+    if not ok then break end  -- refused (full Redis): the rest stay until later
+    -- a job handed off (enqueue.lua) that nobody took is on the wake list still: it
+    -- goes, or a late BLPOP would run it beside its reaped copy
+    redis.call('LREM', wake, 1, e)
+    redis.call('HDEL', started, id)
+    redis.call('HDEL', inflight, id)
+  end
+  gone[#gone + 1] = m
+end
+-- expired bundles: each running job as if it had a lease of its own, latest first.
+-- One read for the reaper and the reply's next deadline: the first chunk + 1 bundles
+-- by deadline (the last one read is the next to expire when all others have)
+local bz = redis.call('ZRANGE', bundles, 0, chunk, 'WITHSCORES')
+local bexp, bnext = {}, -1
+for i = 1, #bz, 2 do
+  local t = tonumber(bz[i + 1])
+  if t > now or #bexp == chunk or not ok then
+    bnext = t
+    break
+  end
+  bexp[#bexp + 1] = bz[i]
+end
+local met, orphans = {}, {}  -- bundles read (bundle_state); members without fields
+for x = #bexp, 1, -1 do
+  local b = bexp[x]
+  local bd = bundle_state(inflight, met, b)
+  if not bd then orphans[#orphans + 1] = b end
+  for pos = bd and #bd[2] or 0, 1, -1 do
+    local id, e = bundle_job(bd, pos)
+    if id then
+      ok = reap(b .. string.char(math.floor(pos / 256), pos % 256), id, e)
+      if not ok then
+        bd[2][pos] = 48  -- still running: the bundle stays until later
+        bd[3] = bd[3] - 1
+        break
       end
     end
   end
-  if not ok then break end  -- refused (full Redis): the rest stay reserved until later
-  gone[#gone + 1] = m
+  if not ok then
+    bnext = now  -- refused (full Redis): this bundle stays, expired
+    break
+  end
 end
-if #bundles > 0 then bundle_done(reserved, inflight, stats, bundles) end
+if #met > 0 then
+  bundle_done(bundles, inflight, stats, met)
+  unpin(inflight)
+end
+if #orphans > 0 then redis.call('ZREM', bundles, unpack(orphans)) end
 if #gone > 0 then
   redis.call('ZREM', reserved, unpack(gone))
   unpin(inflight)
@@ -379,10 +400,9 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   local qtok
   if qlim then
     if qlim.conc then
-      -- jobs running: leases, where a bundle counts its running jobs (bundle_done)
-      local bc = redis.call('HMGET', stats, 'bundles', 'bundled')
-      local free = qlim.conc - (redis.call('ZCARD', reserved) - (tonumber(bc[1]) or 0)
-        + (tonumber(bc[2]) or 0))
+      -- jobs running: leases of their own, and the running jobs of bundles
+      local free = qlim.conc - redis.call('ZCARD', reserved)
+        - (tonumber(redis.call('HGET', stats, 'bundled')) or 0)
       if free <= 0 then redis.call('HSET', gstate, QUEUE .. ':blk', 1) end
       want = math.min(want, free)
     end
@@ -530,7 +550,7 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   if qtok and asked > want then take_tokens(gstate, QUEUE, qtok - (asked - want), now) end
 
   if #bund == 1 then
-    -- one job: a lease of its own costs less than a bundle (three counters, a mask)
+    -- one job: a lease of its own costs less than a bundle (two counters, a mask)
     local id, r, lease_name = count_attempt(bund[1])
     hargs[#hargs + 1] = id
     hargs[#hargs + 1] = r
@@ -543,17 +563,13 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
     hargs[#hargs + 1] = cmsgpack.pack(bund)
     hargs[#hargs + 1] = b .. '~'
     hargs[#hargs + 1] = string.rep('0', #bund)
-    zargs[#zargs + 1] = deadline
-    zargs[#zargs + 1] = b
-    redis.call('HINCRBY', stats, 'bundles', 1)
     redis.call('HINCRBY', stats, 'bundled', #bund)
     out[header_n] = {b, #bund}
     for _, e in ipairs(bund) do out[#out + 1] = e end
   end
-  if #hargs > 0 then
-    lease_entries(inflight, hargs)
-    redis.call('ZADD', reserved, unpack(zargs))
-  end
+  if #hargs > 0 then lease_entries(inflight, hargs) end
+  if #zargs > 0 then redis.call('ZADD', reserved, unpack(zargs)) end
+  if #bund > 1 then redis.call('ZADD', bundles, deadline, out[header_n][1]) end
   if #ids > 0 then
     if redis.call('HLEN', pending) > 0 then
       redis.call('HDEL', pending, unpack(ids))
@@ -612,4 +628,5 @@ if first[2] and (out[2] < 0 or tonumber(first[2]) < out[2]) then
 end
 first = redis.call('ZRANGE', reserved, 0, 0, 'WITHSCORES')
 if first[2] then out[3] = tonumber(first[2]) end
+if bnext >= 0 and (out[3] < 0 or bnext < out[3]) then out[3] = bnext end
 return out

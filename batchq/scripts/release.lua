@@ -9,7 +9,7 @@
 -- KEYS[15] pending hash: a given-back job is ready again (job_status, cancel.lua)
 -- KEYS[16] gready zset, KEYS[17] groups zset, KEYS[18] gwait zset, KEYS[19] gstate
 --          hash: a grouped job goes back to its group and gives back its running slot
--- KEYS[20] stats hash: "bundles" and "bundled" (_lib.lua bundle_done)
+-- KEYS[20] stats hash: "bundled" (_lib.lua bundle_done), KEYS[21] bundles zset
 -- ARGV[1]  hold in ms (0: none): each given-back job's group (or, for a job without a
 --          group, the whole queue) starts no job until now + hold (RateLimited); a
 --          longer hold already set is kept
@@ -27,6 +27,7 @@ local groups = KEYS[17]
 local gwait = KEYS[18]
 local gstate = KEYS[19]
 local stats = KEYS[20]
+local bundles = KEYS[21]
 
 local function ready_key(p)
   return KEYS[READY9 + 9 - p]
@@ -84,7 +85,7 @@ for i = #ARGV, 2, -1 do
     n = n + 1
   end
 end
-if #cache > 0 then bundle_done(reserved, inflight, stats, cache) end
+if #cache > 0 then bundle_done(bundles, inflight, stats, cache) end
 if plain and hold > 0 then hold_off(QUEUE) end
 for g in pairs(woken) do
   if hold > 0 then hold_off(g) else gwake(groups, gwait, gstate, g) end

@@ -21,13 +21,15 @@ async def burst_done(st: State) -> bool:
         pipe.zcard(k.gready)  # ready jobs of groups (flow control)
         pipe.zcard(k.delayed)
         pipe.zcard(k.reserved)
+        pipe.zcard(k.bundles)
         pipe.exists(k.paused)
     res = await pipe.execute()
-    per = len(st.queues[0].ready) + 4
+    per = len(st.queues[0].ready) + 5
     stuck: list[str] = []
     for i, k in enumerate(st.queues):
         counts = [int(x) for x in res[i * per : (i + 1) * per]]
-        waiting, reserved, paused = sum(counts[:-2]), counts[-2], bool(counts[-1])
+        waiting, paused = sum(counts[:-3]), bool(counts[-1])
+        reserved = counts[-3] + counts[-2]  # leases of their own, and bundles
         if (waiting and not paused) or (reserved and not waiting):
             # work some worker can do, or leases that will settle (or expire and be
             # reaped, which a pop does even on a paused queue): keep looking

@@ -52,7 +52,8 @@ def pending_keys(r: redis.Redis, app: batchq.App, queue: str) -> dict[str, int]:
     """Sizes of the keys that hold unfinished work of a queue (all zero when done)."""
     k = app.keys(queue)
     out = {"ready": sum(int(r.llen(x)) for x in k.ready), "delayed": int(r.zcard(k.delayed)),
-           "reserved": int(r.zcard(k.reserved)), "inflight": int(r.hlen(k.inflight))}
+           "reserved": int(r.zcard(k.reserved)) + int(r.zcard(k.bundles)),
+           "inflight": int(r.hlen(k.inflight))}
     return out
 
 
@@ -62,15 +63,14 @@ def server_time_s(r: redis.Redis) -> float:
 
 
 def running(r: redis.Redis, k: QueueKeys) -> dict[str, int]:
-    """Job id -> attempt of every job the reserved zset holds: a lease "<id>:<attempt>"
-    is one job; a bundle (``_lib.lua`` "Bundles") holds its jobs whose mask byte is "0",
-    their entries stored as popped (the run is attempt + 1)."""
+    """Job id -> attempt of every job leased: a lease "<id>:<attempt>" in the reserved
+    zset is one job; a bundle (``_lib.lua`` "Bundles") in the bundles zset holds its jobs
+    whose mask byte is "0", their entries stored as popped (the run is attempt + 1)."""
     out: dict[str, int] = {}
     for m in r.zrange(k.reserved, 0, -1):
-        if not m.startswith(b":b"):
-            jid, attempt = m.decode().rsplit(":", 1)
-            out[jid] = int(attempt)
-            continue
+        jid, attempt = m.decode().rsplit(":", 1)
+        out[jid] = int(attempt)
+    for m in r.zrange(k.bundles, 0, -1):
         packed, mask = r.hmget(k.inflight, [m, m + b"~"])
         for e, bit in zip(msgpack.unpackb(packed, raw=True), mask, strict=True):
             if bit == ord("0"):

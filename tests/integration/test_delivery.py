@@ -32,7 +32,7 @@ def test_ten_thousand_jobs_run_exactly_once(app, queue_name, start_worker, runs,
     stats = app.queue(queue_name).stats()
     assert (stats.ready, stats.delayed, stats.reserved, stats.dead) == (0, 0, 0, 0)
     k = app.keys(queue_name)
-    assert redis_client.exists(k.reserved, k.inflight, k.delayed, *k.ready) == 0
+    assert redis_client.exists(k.reserved, k.bundles, k.inflight, k.delayed, *k.ready) == 0
     assert pending_keys(redis_client, app, queue_name) == \
         {"ready": 0, "delayed": 0, "reserved": 0, "inflight": 0}
 

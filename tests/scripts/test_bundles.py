@@ -33,8 +33,8 @@ def held(b: bytes, *positions: int) -> list[bytes]:
 
 
 def counts(r: Any, k: QueueKeys) -> tuple[int, int]:
-    got = r.hmget(k.stats, "bundles", "bundled")
-    return int(got[0] or 0), int(got[1] or 0)
+    """(live bundles, their running jobs as the stats field "bundled" counts them)."""
+    return r.zcard(k.bundles), int(r.hget(k.stats, "bundled") or 0)
 
 
 def fill(r: Any, k: QueueKeys, n: int, prio: int = 0) -> list[bytes]:
@@ -48,7 +48,7 @@ def test_a_pop_leases_its_plain_jobs_as_one_bundle(redis_client, s, k):
     b, jobs, rest = bpop(s, k, 5)
     assert b is not None and b.startswith(b":b") and rest == []
     assert jobs == es  # as popped: the worker counts the attempt
-    assert redis_client.zrange(k.reserved, 0, -1) == [b]
+    assert redis_client.zrange(k.bundles, 0, -1) == [b] and not redis_client.exists(k.reserved)
     fields = redis_client.hgetall(k.inflight)
     assert set(fields) == {PIN, b, b + b"~"}
     assert msgpack.unpackb(fields[b], raw=True) == es and fields[b + b"~"] == b"00000"
@@ -74,7 +74,7 @@ def test_acks_settle_jobs_one_by_one_and_the_last_takes_the_bundle(redis_client,
     assert s.call(calls.ack(k, [*held(b, 3), b"nobody:1", *held(b, 2)])) == [1, 2]
     assert redis_client.hget(k.inflight, b + b"~") == b"1110"
     assert s.call(calls.ack(k, held(b, 4))) == []
-    assert not redis_client.exists(k.inflight, k.reserved)  # the pin went with it
+    assert not redis_client.exists(k.inflight, k.reserved, k.bundles)  # the pin went with it
     assert counts(redis_client, k) == (0, 0)
     assert int(redis_client.hget(k.stats, "succeeded")) == 4
 
@@ -86,7 +86,7 @@ def test_a_bundle_and_single_leases_in_one_ack(redis_client, s, k):
     assert s.call(calls.pop(k, 1, 30_000, 100))[HEAD:] == [with_attempt(entry("single"), 1)]
     assert s.call(calls.ack(k, [held(b, 2)[0], b"single:1", b"gone:1", held(b, 1)[0]])) \
         == [3]
-    assert not redis_client.exists(k.inflight, k.reserved)
+    assert not redis_client.exists(k.inflight, k.reserved, k.bundles)
     assert int(redis_client.hget(k.stats, "succeeded")) == 3
 
 
@@ -110,7 +110,7 @@ def test_release_gives_bundle_jobs_back_as_popped_in_order(redis_client, s, k):
     redis_client.rpush(k.ready_for(0), entry("later"))
     assert s.call(calls.release(k, held(b, 1, 2, 3))) == 3
     assert redis_client.lrange(k.ready_for(0), 0, -1) == [*es, entry("later")]
-    assert not redis_client.exists(k.inflight, k.reserved)
+    assert not redis_client.exists(k.inflight, k.reserved, k.bundles)
     assert counts(redis_client, k) == (0, 0)
     assert redis_client.hget(k.pending, "j2") == b"r"
 
@@ -118,23 +118,23 @@ def test_release_gives_bundle_jobs_back_as_popped_in_order(redis_client, s, k):
 def test_extend_moves_the_bundle_deadline_and_reports_lost_ones(redis_client, s, k):
     fill(redis_client, k, 2)
     b, _, _ = bpop(s, k, 2, lease=1_000)
-    before = redis_client.zscore(k.reserved, b)
+    before = redis_client.zscore(k.bundles, b)
     assert s.call(calls.extend(k, 60_000, [*held(b, 1, 2), b":b9.9\x00\x01"])) == [3]
-    assert redis_client.zscore(k.reserved, b) > before + 50_000
-    assert redis_client.zcard(k.reserved) == 1
+    assert redis_client.zscore(k.bundles, b) > before + 50_000
+    assert redis_client.zcard(k.bundles) == 1
 
 
 def test_the_reaper_gives_back_only_running_jobs_refunded(redis_client, s, k):
     es = fill(redis_client, k, 4)
     b, _, _ = bpop(s, k, 4)
     assert s.call(calls.ack(k, held(b, 2))) == []
-    redis_client.zadd(k.reserved, {b: server_ms(redis_client) - 10})
+    redis_client.zadd(k.bundles, {b: server_ms(redis_client) - 10})
     res = s.call(calls.pop(k, 0, 30_000, 100, bundle=True))
     assert int(res[4]) == 3  # reaped
     # back at the head, earliest first, attempt used and max_attempts raised
     assert redis_client.lrange(k.ready_for(0), 0, -1) == [
         refunded(with_attempt(es[i], 1), 1) for i in (0, 2, 3)]
-    assert not redis_client.exists(k.inflight, k.reserved)
+    assert not redis_client.exists(k.inflight, k.reserved, k.bundles)
     assert counts(redis_client, k) == (0, 0)
     assert redis_client.hget(k.recovered, "j0") == b"1:0"
     # a late ack of the reaped bundle finds nothing
@@ -174,7 +174,7 @@ def test_no_bundle_under_a_queue_concurrency_limit(redis_client, s, k):
     redis_client.hset(k.limits, "~q", ",,3,,")
     b2, _, rest = bpop(s, k, 5)
     # 2 running in the bundle: one slot left, taken with a lease of its own
-    assert b2 is None and len(rest) == 1 and redis_client.zcard(k.reserved) == 2
+    assert b2 is None and len(rest) == 1 and redis_client.zcard(k.reserved) == 1
 
 
 @pytest.mark.parametrize("prio", [0, 9])
@@ -254,8 +254,8 @@ def test_a_bundle_without_its_mask_gives_every_job_back(redis_client, s, k):
     es = fill(redis_client, k, 3)
     b, _, _ = bpop(s, k, 3)
     redis_client.hdel(k.inflight, b + b"~")
-    redis_client.zadd(k.reserved, {b: server_ms(redis_client) - 10})
+    redis_client.zadd(k.bundles, {b: server_ms(redis_client) - 10})
     assert int(s.call(calls.pop(k, 0, 30_000, 100, bundle=True))[4]) == 3
     assert redis_client.lrange(k.ready_for(0), 0, -1) == [
         refunded(with_attempt(e, 1), 1) for e in es]
-    assert not redis_client.exists(k.inflight, k.reserved)
+    assert not redis_client.exists(k.inflight, k.reserved, k.bundles)
