@@ -274,9 +274,13 @@ def test_a_child_with_a_blocked_loop_is_killed_and_its_job_retried(h: Harness) -
     # and charged (see README "Crashed workers and poison jobs"): it ends as crashed_worker
     # after max_attempts charged runs, each of which blocked its worker's loop
     assert dead.reason == "crashed_worker", dead
-    assert "died" in dead.error_message, dead
+    # charged twice (max_attempts), each a run alone whose start was recorded first; the
+    # recoveries before it ran alone need not have started it (a child whose loop was
+    # already blocked may have been handed the job, or may have fetched it, and died
+    # holding it), so they are counted by the reaper, not by the runs
+    assert "while running it, 2 times;" in dead.error_message, dead
     hog_kills = [s for s in h.starts() if s.id == always]
-    assert len(hog_kills) >= 2 + 2  # two recoveries before it runs alone, then 2 charged
+    assert len(hog_kills) >= 2
     assert always not in h.done_ids()
 
     # every child whose loop blocked was killed, and the pool is back to 3
