@@ -68,10 +68,16 @@ def once(ctx: Context, jobs: int, groups: int, pop_src: str, ack_src: str,
                        + [res[10][0] + p.to_bytes(2, "big") for p in range(1, n + 1)])
     pop_us = _server_usec(ctx)
     r.config_resetstat()
+    # since 0.5.1 a bundle's leases go as one argument (calls.ack); an older ack.lua
+    # takes one argument per lease
+    grouped = "<bundle>#<position>" in ack_src
     for leases in batches:
         c = calls.ack(k, leases)
-        r.evalsha(ack_sha, len(c.keys), *c.keys, *c.args)
+        r.evalsha(ack_sha, len(c.keys), *c.keys, *(c.args if grouped else leases))
     ack_us = _server_usec(ctx)
+    left = r.zcard(k.reserved) + r.zcard(k.bundles)
+    if left:
+        raise RuntimeError(f"{left} leases were not acked")
     q.remove_limit()
     n = sum(map(len, batches))
     if n != jobs:

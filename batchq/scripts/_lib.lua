@@ -404,30 +404,40 @@ local function wait_pos(top, s)
 end
 
 -- Set (bit 1) or clear (bit 0) the bits of `count` consecutive offsets from `off` in
--- one bitmap: at most three commands (the partial first byte, the whole middle bytes,
--- the partial last byte).
+-- one bitmap: one BITFIELD (the partial first byte, whole bytes 32 bits a field, the
+-- partial last byte: a pop's run of 100 is one call), or for a run of more than 32
+-- whole bytes, a SETRANGE for those between the two partial bytes' BITFIELDs.
 local function set_bits(key, off, count, bit)
+  local ops = {}
+  local function field(bits)
+    ops[#ops + 1] = 'SET'
+    ops[#ops + 1] = 'u' .. bits
+    ops[#ops + 1] = off
+    ops[#ops + 1] = bit * (2 ^ bits - 1)  -- at most 2^32 - 1: ten digits, exact
+    off = off + bits
+    count = count - bits
+  end
   local head = (8 - off % 8) % 8
   if head > count then head = count end
-  if head > 0 then
-    redis.call('BITFIELD', key, 'SET', 'u' .. head, off, bit * (2 ^ head - 1))
-    off = off + head
-    count = count - head
-  end
+  if head > 0 then field(head) end
   local whole = math.floor(count / 8)
-  if whole > 0 then
+  if whole > 32 then
+    if #ops > 0 then redis.call('BITFIELD', key, unpack(ops)) end
+    ops = {}
     redis.call('SETRANGE', key, off / 8, string.rep(bit == 1 and '\255' or '\0', whole))
     off = off + whole * 8
     count = count - whole * 8
+  else
+    while count >= 32 do field(32) end
+    if count >= 8 then field(math.floor(count / 8) * 8) end
   end
-  if count > 0 then
-    redis.call('BITFIELD', key, 'SET', 'u' .. count, off, bit * (2 ^ count - 1))
-  end
+  if count > 0 then field(count) end
+  if #ops > 0 then redis.call('BITFIELD', key, unpack(ops)) end
 end
 
 -- Set (bit 1) or clear (bit 0) the waiting bits of `left` consecutive sequence numbers
--- from `s` in the bitmaps KEYS[wait0 + slot] (one to three commands per bitmap); top:
--- the next free number.
+-- from `s` in the bitmaps KEYS[wait0 + slot] (set_bits: one command, or three for a
+-- long run, per bitmap); top: the next free number.
 local function set_run(top, wait0, s, left, bit)
   if s < 0 then return end
   if s + left > top then left = top - s end  -- never handed out: no bit
@@ -460,7 +470,7 @@ end
 
 -- Set (bit 1) or clear (bit 0) the waiting bits of the sequence numbers in `seqs` (a
 -- list; runs of consecutive numbers, as a chunk's ids have and a FIFO pop takes, cost
--- one to three commands each, instead of one SETBIT per job); top: the next free number.
+-- one command each (set_bits), instead of one SETBIT per job); top: the next free number.
 local function set_waiting(top, wait0, seqs, bit)
   local n = #seqs
   local i = 1

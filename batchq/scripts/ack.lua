@@ -9,12 +9,14 @@
 -- KEYS[10] gwait zset, KEYS[11] gstate hash, KEYS[12] wake list: grouped jobs give back
 --          their group's running slot and quota count (_lib.lua gsettle)
 -- KEYS[13] bundles zset (_lib.lua "Bundles")
--- ARGV     leases "<id>:<attempt>", or "<bundle><position>" (_lib.lua "Bundles"); at
---          most 1000 per call
--- Returns  the positions (1-based) of stale leases: ones no longer reserved (the lease
---          expired and the job was handed out again or dead-lettered). A stale ack
---          deletes nothing. When campaigns became due (see settle_tracked), a 0 follows
---          the positions, then their ids.
+-- ARGV     leases "<id>:<attempt>", or "<bundle><position>" (_lib.lua "Bundles"), or
+--          jobs of one bundle in one argument, "<bundle>#<position><position>..."
+--          (calls.ack makes these: one argument for each run of a bundle's leases, an
+--          argument costs a call more than its job's work); at most 1000 jobs per call
+-- Returns  the positions (1-based, among all the jobs of the call) of stale leases: ones
+--          no longer reserved (the lease expired and the job was handed out again or
+--          dead-lettered). A stale ack deletes nothing. When campaigns became due (see
+--          settle_tracked), a 0 follows the positions, then their ids.
 local reserved = KEYS[1]
 local inflight = KEYS[2]
 local stats = KEYS[3]
@@ -31,23 +33,42 @@ local bundles = KEYS[13]
 
 local singles, at, stale, cache = {}, {}, {}, {}
 local settled = 0
-local byte, sub = string.byte, string.sub
-for i, m in ipairs(ARGV) do
-  if byte(m, 1) == 58 then  -- ":": a bundle's job (bundle_pos and bundle_settle inline:
-    -- the hot path of a drain, where a call per lease cost as much as the rest)
-    local b = sub(m, 1, -3)
+local byte, sub, find = string.byte, string.sub, string.find
+local i = 0  -- the lease's position among all the call's leases (the reply's)
+for _, m in ipairs(ARGV) do
+  local _, h = find(m, '^:b%d+%.%d+#')  -- (a position's first byte is never a digit)
+  if h then  -- jobs of one bundle, "<bundle>#<position><position>..." (calls.ack)
+    -- (bundle_pos and bundle_settle inline: the hot path of a drain)
+    local b = sub(m, 1, h - 1)
     local bd = cache[b]
     if bd == nil then bd = bundle_state(inflight, cache, b) end
-    local hi, lo = byte(m, -2, -1)
-    local p = hi * 256 + (lo or 0)
-    if bd and bd[2][p] == 48 then
-      bd[2][p] = 49
-      bd[3] = bd[3] + 1
+    local mask = bd and bd[2]
+    local ps = {byte(m, h + 1, -1)}
+    local n = 0
+    for j = 1, #ps - 1, 2 do
+      i = i + 1
+      local p = ps[j] * 256 + ps[j + 1]
+      if mask and mask[p] == 48 then
+        mask[p] = 49
+        n = n + 1
+      else
+        stale[#stale + 1] = i
+      end
+    end
+    if bd then bd[3] = bd[3] + n end
+    settled = settled + n
+  elseif byte(m, 1) == 58 then  -- one bundle job: "<bundle><position>"
+    i = i + 1
+    local b, p = bundle_pos(m)
+    local bd = cache[b]
+    if bd == nil then bd = bundle_state(inflight, cache, b) end
+    if bundle_settle(bd, p) then
       settled = settled + 1
     else
       stale[#stale + 1] = i
     end
   else
+    i = i + 1
     singles[#singles + 1] = m
     at[#at + 1] = i
   end

@@ -27,7 +27,7 @@
 --          on "<done>:<id>" with "d"
 -- KEYS[28] seq counter; KEYS[29..32] waiting bitmaps, slots 0..3 (enqueue.lua): a popped
 --          job's bit is cleared (per run of consecutive sequence numbers, as a FIFO pop
---          takes them: one to three commands a run; ids without a sequence number: none)
+--          takes them: one command a run (set_bits); ids without a sequence number: none)
 -- KEYS[33] gready zset, KEYS[34] groups zset, KEYS[35] gwait zset, KEYS[36] gstate
 --          hash, KEYS[37] limits hash: flow control (_lib.lua "Groups"). Grouped jobs
 --          are promoted, reaped and popped through their group; groups are served in
@@ -99,6 +99,9 @@ local idle = KEYS[38]
 local bundles = KEYS[39]
 
 local QUANTUM = 10  -- jobs a group (of weight 1) may start in one turn
+-- LMPOP (Redis 7.0+: one command for the first non-empty ready list)
+local LMPOP = (tonumber(redis.REDIS_VERSION_NUM) or 0) >= 0x070000
+local byte, sub, find = string.byte, string.sub, string.find
 local ISOLATE_AFTER = 2  -- recoveries after which a job runs alone, its start recorded
 
 local now = now_ms()
@@ -110,9 +113,19 @@ local function ready_key(p)
   return KEYS[READY9 + 9 - p]
 end
 
+-- Each zset a pop reads for due work (delayed, reserved, bundles) is read by its earliest
+-- entry first: the due ones are read only when it is due, and when nothing was taken
+-- from it that entry is the reply's next time too (this script never adds to delayed,
+-- and its own leases' deadline is known). A drain's pop makes 27 calls without this,
+-- and one redis.call costs about as much as a job's work in a bundle.
+
 -- 1. due delayed jobs -> ready (write before delete; on a full Redis the first write may
 --    be refused: then nothing moves this time, and the pop below still runs)
-local due = redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, chunk)
+local first_due = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
+local due = {}
+if first_due[2] and tonumber(first_due[2]) <= now then
+  due = redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, chunk)
+end
 local moved = {}
 local woken = {}  -- groups that got ready jobs
 for _, e in ipairs(due) do
@@ -143,7 +156,11 @@ end
 -- 2. expired reservations -> ready head (latest first, so the earliest ends up in
 --    front), or dead
 local reaped, buried, crashed = 0, 0, 0
-local expired = redis.call('ZRANGEBYSCORE', reserved, '-inf', now, 'LIMIT', 0, chunk)
+local first_lease = redis.call('ZRANGE', reserved, 0, 0, 'WITHSCORES')
+local expired = {}
+if first_lease[2] and tonumber(first_lease[2]) <= now then
+  expired = redis.call('ZRANGEBYSCORE', reserved, '-inf', now, 'LIMIT', 0, chunk)
+end
 local gone = {}
 local t_dead = {}  -- tracked jobs reaped dead
 local g_back, g_dead = {}, {}  -- grouped jobs reaped: back in their group, or dead
@@ -225,18 +242,16 @@ for x = #expired, 1, -1 do
   gone[#gone + 1] = m
 end
 -- expired bundles: each running job as if it had a lease of its own, latest first.
--- One read for the reaper and the reply's next deadline: the first chunk + 1 bundles
--- by deadline (the last one read is the next to expire when all others have)
-local bz = redis.call('ZRANGE', bundles, 0, chunk, 'WITHSCORES')
+-- The earliest deadline first (one entry: the reply's next deadline when it is not
+-- due, as it is in nearly every call); only when it is due, the expired ones (at most
+-- chunk). A range over every live bundle would read one entry per pop in flight
 local bexp, bnext = {}, -1
-for i = 1, #bz, 2 do
-  local t = tonumber(bz[i + 1])
-  if t > now or #bexp == chunk or not ok then
-    bnext = t
-    break
-  end
-  bexp[#bexp + 1] = bz[i]
+local bz = redis.call('ZRANGE', bundles, 0, 0, 'WITHSCORES')
+if bz[2] and tonumber(bz[2]) <= now and ok then
+  bexp = redis.call('ZRANGEBYSCORE', bundles, '-inf', now, 'LIMIT', 0, chunk)
+  bz = redis.call('ZRANGE', bundles, #bexp, #bexp, 'WITHSCORES')
 end
+if bz[2] then bnext = tonumber(bz[2]) end
 local met, orphans = {}, {}  -- bundles read (bundle_state); members without fields
 for x = #bexp, 1, -1 do
   local b = bexp[x]
@@ -280,9 +295,16 @@ if #moved > 0 or reaped > 0 then
   leave_wake_token(wake)
 end
 
+-- A plain queue's pop: one EXISTS says that none of these is there (not paused, no
+-- crash marks, cancelled or pending jobs, limits, groups or waits), and the reads each
+-- would need are skipped; with any of them there, each is read as it is needed
+local quiet = next(woken) == nil and redis.call('EXISTS', paused, recovered, cancel,
+  pending, limits, groups, gwait) == 0
+
 -- 2b. groups whose wait is over (a token due, a hold ended, a slot freed) and groups
 --     that just got ready jobs join the rotation
-local over = redis.call('ZRANGEBYSCORE', gwait, '-inf', now, 'LIMIT', 0, chunk)
+local over = quiet and {}
+  or redis.call('ZRANGEBYSCORE', gwait, '-inf', now, 'LIMIT', 0, chunk)
 if #over > 0 then
   redis.call('ZREM', gwait, unpack(over))
   for _, g in ipairs(over) do
@@ -301,10 +323,21 @@ local function soon(t)
 end
 local want0 = want
 local claimed = false
+local wake_empty = false  -- this call emptied the wake list (a token needs no LLEN)
+local function token()
+  if wake_empty then
+    redis.pcall('RPUSH', wake, '1')
+    wake_empty = false
+  else
+    leave_wake_token(wake)
+  end
+end
+local added  -- the deadline of the leases of their own this call adds to reserved
 if want > 0 then
   -- jobs handed off (leased by enqueue.lua) that no blocked worker has taken: this
   -- pop takes them as they are; wake tokens popped with them are spent by this pop
   local w = redis.call('LPOP', wake, want)
+  wake_empty = not w or #w < want
   if w then
     for _, v in ipairs(w) do
       if v ~= '1' then
@@ -315,7 +348,7 @@ if want > 0 then
     end
   end
 end
-if want > 0 and redis.call('EXISTS', paused) == 0 then
+if want > 0 and (quiet or redis.call('EXISTS', paused) == 0) then
   local deadline = now + lease
   local hargs, zargs, ids = {}, {}, {}
   local dropped = 0
@@ -324,8 +357,9 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   -- recovered jobs, cancelled ones, and tracked jobs (only while a campaign is
   -- cancelled on this queue, "~cancelled" > 0, is each one's campaign flag looked up,
   -- to drop it; otherwise they cost nothing here)
-  local any_recovered, any_tombstones, any_cancelled
+  local any_recovered, any_tombstones, any_cancelled, any_pending
   local flags, skipped = {}, {}
+  local seqs = {}  -- the sequence numbers of the jobs popped (their waiting bits)
   -- the plain jobs of a pop without groups and without a queue concurrency limit are
   -- leased as one bundle (ARGV[6], _lib.lua "Bundles"), unless some job of the queue
   -- has crash marks (a recovered job must be leased, and maybe run, alone)
@@ -334,10 +368,16 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   -- one popped entry: reserved (true), or dropped (cancelled, malformed)
   local function read_flags()
     if any_recovered == nil then
-      any_recovered = redis.call('HLEN', recovered) > 0
-      any_tombstones = redis.call('HLEN', cancel) > 0
+      any_recovered = not quiet and redis.call('HLEN', recovered) > 0
+      any_tombstones = not quiet and redis.call('HLEN', cancel) > 0
+      any_pending = not quiet and redis.call('HLEN', pending) > 0
       any_cancelled = tonumber(redis.call('HGET', campaigns, '~cancelled') or '0') > 0
     end
+  end
+  local function popped(id)
+    ids[#ids + 1] = id
+    local q = seq_of(id)
+    if q then seqs[#seqs + 1] = q end
   end
   local function take(e)
     read_flags()
@@ -358,7 +398,7 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
       end
       if cid ~= '' and flags[cid] == 'cancelled' then
         skipped[#skipped + 1] = id
-        ids[#ids + 1] = id  -- popped: leaves the pending index and its bitmap
+        popped(id)  -- popped: leaves the pending index and its bitmap
         g_gone[#g_gone + 1] = id
         return false
       end
@@ -372,7 +412,7 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
       out[7] = out[7] + 1
       return false
     end
-    ids[#ids + 1] = id
+    popped(id)
     if bundling and not any_recovered and not tracked(id) then
       bund[#bund + 1] = e  -- as popped: the worker counts the attempt
       return true
@@ -391,12 +431,12 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   end
 
   -- the whole queue: a hold (RateLimited without a group), then its own limit
-  local held = tonumber(redis.call('ZSCORE', gwait, QUEUE) or '0')
+  local held = quiet and 0 or tonumber(redis.call('ZSCORE', gwait, QUEUE) or '0')
   if held > now then
     soon(held)
     want = 0
   end
-  local qlim = want > 0 and limit_of(redis.call('HGET', limits, QUEUE))
+  local qlim = want > 0 and not quiet and limit_of(redis.call('HGET', limits, QUEUE))
   local qtok
   if qlim then
     if qlim.conc then
@@ -418,7 +458,8 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   -- (a turn is up to QUANTUM jobs per unit of weight: a call looks at twice as many
   -- groups as it can serve, in case some are throttled or out of work)
   local looked = math.min(want, 2 * math.ceil(want / QUANTUM))
-  local sel = want > 0 and redis.call('ZRANGE', groups, 0, looked - 1, 'WITHSCORES') or {}
+  local sel = want > 0 and not quiet
+    and redis.call('ZRANGE', groups, 0, looked - 1, 'WITHSCORES') or {}
   local plain = want
   bundling = ARGV[6] == '1' and #sel == 0 and not (qlim and qlim.conc)
   if #sel > 0 then
@@ -433,13 +474,38 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   -- what each participant gets this call, taken in turns below (one job each per turn)
   local lanes, lane_group = {{}}, {false}
   -- how many of the ten ready lists hold jobs (one command: an empty pop, the idle
-  -- worker's, makes no LPOP at all, and none is made below the last non-empty list)
-  local nonempty = plain > 0 and redis.call('EXISTS', ready_key(9), ready_key(8),
-    ready_key(7), ready_key(6), ready_key(5), ready_key(4), ready_key(3), ready_key(2),
-    ready_key(1), ready_key(0)) or 0
-  for p = 9, 0, -1 do
-    if plain <= 0 or nonempty == 0 then break end
-    local items = redis.call('LPOP', ready_key(p), plain)
+  -- worker's, makes no LPOP at all, and none is made below the last non-empty list);
+  -- with LMPOP, an empty reply says the same in the one command
+  local function count_ready()
+    return redis.call('EXISTS', ready_key(9), ready_key(8), ready_key(7), ready_key(6),
+      ready_key(5), ready_key(4), ready_key(3), ready_key(2), ready_key(1), ready_key(0))
+  end
+  local nonempty = 0
+  if plain > 0 then nonempty = LMPOP and 10 or count_ready() end
+  -- highest priority first: LMPOP takes from the first non-empty list in one command
+  -- (Redis 7.0+); before 7.0, LPOP each list in turn (p: the next one)
+  local p = 9
+  while plain > 0 and nonempty > 0 and p >= 0 do
+    local items
+    if LMPOP then
+      -- the lists above the one it takes from are empty, and that one is emptied
+      -- unless the call has all it wants: the next call asks all ten again
+      local got = redis.pcall('LMPOP', 10, ready_key(9), ready_key(8), ready_key(7),
+        ready_key(6), ready_key(5), ready_key(4), ready_key(3), ready_key(2), ready_key(1),
+        ready_key(0), 'LEFT', 'COUNT', plain)
+      if type(got) == 'table' and got.err then
+        -- refused (an ACL user set up before 0.5.1, without +lmpop): as before 7.0
+        LMPOP = false
+        nonempty = count_ready()
+      elseif not got then
+        break
+      else
+        items = got[2]
+      end
+    else
+      items = redis.call('LPOP', ready_key(p), plain)
+      p = p - 1
+    end
     if items then
       nonempty = nonempty - 1
       plain = plain - #items
@@ -447,18 +513,28 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
       if #sel == 0 then  -- no groups: no turns to take
         read_flags()
         if bundling and not any_recovered and not any_tombstones then
-          -- a bundle's plain jobs (the common case) inline, anything else through take
-          local nb, ni = #bund, #ids
+          -- a bundle's plain jobs (the common case) inline, anything else through take:
+          -- the header matched by positions (no string made), the id's sequence number
+          -- read from the entry (seq_of's rule: "-" after 17 characters, then hex), the
+          -- id itself made only while the pending index has entries
+          local nb, ns = #bund, #seqs
           for _, e in ipairs(items) do
-            local id = header_id(e)
-            if id and not tracked(id) then
+            local _, _, a, z = find(e, '^%d:%d+:%d+:()[^:]+():')
+            -- a <= 18: attempt and max_attempts short (header_id); not tracked ("_m")
+            if a and a <= 18 and not (byte(e, z - 2) == 95 and byte(e, z - 1) == 109) then
               nb = nb + 1
               bund[nb] = e
-              ni = ni + 1
-              ids[ni] = id
+              if byte(e, a + 17) == 45 then
+                local q = tonumber(sub(e, a + 18, z - 1), 16)
+                if q then
+                  ns = ns + 1
+                  seqs[ns] = q
+                end
+              end
+              if any_pending then ids[#ids + 1] = sub(e, a, z - 1) end
             else
               take(e)
-              nb, ni = #bund, #ids
+              nb, ns = #bund, #seqs
             end
           end
         else
@@ -568,19 +644,13 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
     for _, e in ipairs(bund) do out[#out + 1] = e end
   end
   if #hargs > 0 then lease_entries(inflight, hargs) end
-  if #zargs > 0 then redis.call('ZADD', reserved, unpack(zargs)) end
-  if #bund > 1 then redis.call('ZADD', bundles, deadline, out[header_n][1]) end
-  if #ids > 0 then
-    if redis.call('HLEN', pending) > 0 then
-      redis.call('HDEL', pending, unpack(ids))
-    end
-    local seqs = {}
-    for _, id in ipairs(ids) do
-      local q = seq_of(id)
-      if q then seqs[#seqs + 1] = q end
-    end
-    if #seqs > 0 then set_waiting(seq_top(seq), WAIT0, seqs, 0) end
+  if #zargs > 0 then
+    redis.call('ZADD', reserved, unpack(zargs))
+    added = deadline
   end
+  if #bund > 1 then redis.call('ZADD', bundles, deadline, out[header_n][1]) end
+  if any_pending and #ids > 0 then redis.call('HDEL', pending, unpack(ids)) end
+  if #seqs > 0 then set_waiting(seq_top(seq), WAIT0, seqs, 0) end
   if dropped > 0 then
     redis.call('HINCRBY', stats, 'cancelled', dropped)
   end
@@ -601,13 +671,13 @@ if want > 0 and redis.call('EXISTS', paused) == 0 then
   end
   if want <= 0 and asked > 0 then
     -- a full batch: more may be waiting, let the next idle worker look
-    leave_wake_token(wake)
+    token()
   end
 end
 
 if claimed then
   -- the workers blocked for those jobs may be needed for what else is ready
-  leave_wake_token(wake)
+  token()
 end
 local me = ARGV[4] or ''
 if me ~= '' then
@@ -618,15 +688,18 @@ if me ~= '' then
   end
 end
 
-local first = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
-if first[2] then out[2] = tonumber(first[2]) end
+if #moved > 0 then first_due = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES') end
+if first_due[2] then out[2] = tonumber(first_due[2]) end
 if flow >= 0 and (out[2] < 0 or flow < out[2]) then out[2] = flow end
-first = redis.call('ZRANGEBYSCORE', gwait, '(' .. now, '(' .. BLOCKED, 'WITHSCORES',
-  'LIMIT', 0, 1)
-if first[2] and (out[2] < 0 or tonumber(first[2]) < out[2]) then
-  out[2] = tonumber(first[2])
+if not quiet then
+  local first = redis.call('ZRANGEBYSCORE', gwait, '(' .. now, '(' .. BLOCKED,
+    'WITHSCORES', 'LIMIT', 0, 1)
+  if first[2] and (out[2] < 0 or tonumber(first[2]) < out[2]) then
+    out[2] = tonumber(first[2])
+  end
 end
-first = redis.call('ZRANGE', reserved, 0, 0, 'WITHSCORES')
-if first[2] then out[3] = tonumber(first[2]) end
+if #gone > 0 then first_lease = redis.call('ZRANGE', reserved, 0, 0, 'WITHSCORES') end
+if first_lease[2] then out[3] = tonumber(first_lease[2]) end
+if added and (out[3] < 0 or added < out[3]) then out[3] = added end
 if bnext >= 0 and (out[3] < 0 or bnext < out[3]) then out[3] = bnext end
 return out

@@ -90,6 +90,40 @@ def test_a_bundle_and_single_leases_in_one_ack(redis_client, s, k):
     assert int(redis_client.hget(k.stats, "succeeded")) == 3
 
 
+def test_an_ack_sends_a_run_of_one_bundles_jobs_as_one_argument(redis_client, s, k):
+    """calls.ack joins each run of a bundle's leases ("<bundle>#<positions>"); the
+    reply's stale positions still count jobs in the caller's order. Positions whose low
+    byte is "#", ":" or a digit (35, 58, 48..57) are read as positions."""
+    fill(redis_client, k, 60)
+    b, jobs, _ = bpop(s, k, 60)
+    assert len(jobs) == 60
+    leases = [*held(b, *range(1, 31)), b"gone:1", *held(b, 31, 31, *range(32, 61))]
+    c = calls.ack(k, leases)
+    assert c.args == [b + b"#" + b"".join(p.to_bytes(2, "big") for p in range(1, 31)),
+                      b"gone:1",
+                      b + b"#" + b"".join(p.to_bytes(2, "big")
+                                          for p in (31, 31, *range(32, 61)))]
+    assert s.call(c) == [31, 33]  # the lease of nobody, and 31 a second time
+    assert not redis_client.exists(k.inflight, k.bundles)
+    assert int(redis_client.hget(k.stats, "succeeded")) == 60
+
+
+def test_the_script_takes_a_bundles_leases_one_argument_each_too(redis_client, s, k):
+    """ack.lua still reads "<bundle><position>" arguments (a caller that does not join
+    them), alongside joined ones."""
+    fill(redis_client, k, 40)
+    b, _, _ = bpop(s, k, 40)
+    keys = calls.ack(k, []).keys
+    one_each = calls.Call("ack", keys, held(b, *range(1, 37)))
+    assert s.call(one_each) == []
+    assert redis_client.hget(k.inflight, b + b"~") == b"1" * 36 + b"0000"
+    joined = calls.ack(k, held(b, 37, 38))
+    mixed = calls.Call("ack", keys, [*held(b, 35), *joined.args, *held(b, 39, 40)])
+    assert s.call(mixed) == [1]
+    assert not redis_client.exists(k.inflight, k.bundles)
+    assert int(redis_client.hget(k.stats, "succeeded")) == 40
+
+
 def test_nack_retries_and_buries_a_bundle_job_with_its_attempt_counted(redis_client, s, k):
     es = fill(redis_client, k, 3)
     b, _, _ = bpop(s, k, 3)

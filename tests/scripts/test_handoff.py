@@ -5,11 +5,12 @@ the wake list, and nothing new can be lost or run twice."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import redis
 
 from batchq.keys import QueueKeys
-from batchq.scripts import SyncScripts, calls
+from batchq.scripts import SyncScripts, calls, source
 
 from ._lua import HEAD, entry, leases, refunded, server_ms, with_attempt
 
@@ -183,29 +184,80 @@ def _commands(r: redis.Redis) -> dict[str, int]:
                                     "cmdstat_info"))}
 
 
-def test_an_idle_workers_pop_is_fifteen_commands(
+def test_an_idle_workers_pop_is_nine_commands(
         redis_client: redis.Redis, s: SyncScripts, k: QueueKeys) -> None:
     """The pop a worker makes between two handed jobs (it registers again) runs on a
-    cold server at low rates: one EXISTS over the ten ready lists instead of ten LPOPs,
-    and the recovered / cancelled / campaign lookups only once a job is taken."""
+    cold server at low rates: each zset of due work read by its earliest entry only,
+    one EXISTS for everything a plain queue does not have (pause, crash marks, cancelled
+    and pending jobs, limits, groups, waits), one LMPOP over the ten ready lists."""
     r = redis_client
     assert _pop(s, k, 5) == []
     r.config_resetstat()
     assert _pop(s, k, 5) == []
     assert _commands(r) == {
-        "time": 1, "zrangebyscore": 4,  # due delayed, expired leases, groups' waits, next
-        "lpop": 1, "exists": 2,  # handed entries on the wake list, paused, ready lists
-        "zscore": 1, "hget": 1, "zrange": 4,  # queue hold and limit, groups, next times,
-        "zadd": 1}  # the registration           # expired bundles and the next one
-    # with jobs, the lookups come back (once per call) and the lists are popped down to
-    # the last one holding jobs only
+        "time": 1, "zrange": 3,  # the earliest delayed job, lease, bundle
+        "exists": 1,  # paused, recovered, cancel, pending, limits, groups, gwait
+        "lpop": 1,  # handed entries on the wake list
+        "lmpop": 1,  # the ready lists
+        "zadd": 1}  # the registration
+    # with jobs, the campaign lookup comes (once per call), and LMPOP is called again
+    # until the pop has all it wants or the lists are empty
     r.rpush(k.ready_for(9), entry("p9"))
     r.rpush(k.ready_for(5), entry("p5"))
     r.config_resetstat()
     assert _pop(s, k, 5) == [with_attempt(entry("p9"), 1), with_attempt(entry("p5"), 1)]
     ran = _commands(r)
-    # LPOPs: the wake list, ready 9 down to 5; HLENs: recovered, cancelled, pending
-    assert ran["lpop"] == 1 + 5 and ran["hlen"] == 3, ran
+    # LMPOPs over the ten lists: p9, then p5, then none left
+    assert ran["lpop"] == 1 and ran["lmpop"] == 3 and ran["hget"] == 1, ran
+    assert "hlen" not in ran and "zscore" not in ran and "zrangebyscore" not in ran, ran
+
+
+def test_a_queue_with_limits_or_marks_reads_each_in_full(
+        redis_client: redis.Redis, s: SyncScripts, k: QueueKeys) -> None:
+    """When the EXISTS finds any of those keys, the pop reads each one as before: the
+    hold and the queue's limit, the groups, the groups' waits (due and next), the
+    crash marks, cancelled and pending indexes."""
+    r = redis_client
+    r.hset(k.recovered, "someone", "1:0")  # a crash mark: not a plain queue's pop
+    r.rpush(k.ready_for(0), entry("a"), entry("b"))
+    r.config_resetstat()
+    assert _pop(s, k, 5) == [with_attempt(entry("a"), 1), with_attempt(entry("b"), 1)]
+    ran = _commands(r)
+    assert ran["zscore"] == 1 and ran["zrangebyscore"] == 2 and ran["hlen"] == 3, ran
+    assert ran["hget"] == 4, ran  # the queue's limit, the campaigns flag, a's and b's marks
+    assert ran["exists"] == 2, ran  # the gate, then paused on its own
+
+
+def _pop_before_7(r: redis.Redis, k: QueueKeys, want: int, bundle: bool = False
+                  ) -> list[Any]:
+    """``pop.lua`` as a server without LMPOP (Redis 6.2) runs it."""
+    src = source("pop")
+    line = "local LMPOP = (tonumber(redis.REDIS_VERSION_NUM) or 0) >= 0x070000"
+    assert line in src
+    c = calls.pop(k, want, 5000, 100, bundle=bundle)
+    res: list[Any] = r.eval(src.replace(line, "local LMPOP = false"), len(c.keys),
+                            *c.keys, *c.args)
+    return res
+
+
+def test_before_redis_7_the_ready_lists_are_popped_in_turn(
+        redis_client: redis.Redis, k: QueueKeys) -> None:
+    """Redis 6.2 has no LMPOP: one EXISTS counts the non-empty lists, and LPOP takes
+    them from 9 down to the last one holding jobs, a priority's jobs in order."""
+    r = redis_client
+    assert _pop_before_7(r, k, 5)[HEAD:] == []
+    r.rpush(k.ready_for(9), entry("p9"))
+    r.rpush(k.ready_for(5), entry("p5a"), entry("p5b"))
+    r.rpush(k.ready_for(0), entry("p0"), entry("p0b"))
+    r.config_resetstat()
+    assert _pop_before_7(r, k, 3)[HEAD:] == [with_attempt(entry(j), 1)
+                                             for j in ("p9", "p5a", "p5b")]
+    ran = _commands(r)
+    assert ran["lpop"] == 1 + 5 and ran["exists"] == 2 and "lmpop" not in ran, ran
+    # a bundling pop takes the rest the same way, as a bundle (entries as popped)
+    got = _pop_before_7(r, k, 5, bundle=True)
+    assert got[HEAD - 1][1] == 2 and got[HEAD:] == [entry("p0"), entry("p0b")]
+    assert r.llen(k.ready_for(0)) == 0
 
 
 def test_the_hand_off_of_one_job_is_eleven_commands(

@@ -505,3 +505,29 @@ def test_pop_clears_waiting_bits_per_run_and_only_its_own(redis_client, s, k):
     assert bits() == {2, 79, 82, 89, 91, *range(28, 63), 80, 81, 90}
     assert popped(100) == 38  # 28..62, then 90, 80, 81
     assert bits() == {2, 79, 82, 89, 91}
+
+
+def test_a_bundling_pop_clears_exactly_its_jobs_bits(redis_client, s, k):
+    """The bundling pop reads each job's sequence number from the entry (no id made);
+    its runs are cleared in one BITFIELD (32 bits a field) up to 32 whole bytes, with a
+    SETRANGE beyond: runs of every length and alignment, neighbours kept."""
+    from batchq.scripts import calls
+
+    r = redis_client
+    assert int(s.call(calls.reserve(k, 2000))) == 0
+    s.call(calls.enqueue(k, 0, [entry(_seq_id(i)) for i in range(5, 905)], check=False,
+                         runs="5:900"))
+    keep = {4, 905, 1500}  # other producers' waiting jobs on either side
+    for i in keep:
+        r.setbit(k.waiting0, i, 1)
+
+    def bits() -> set[int]:
+        return {i for i in range(2000) if r.getbit(k.waiting0, i)}
+
+    start = 5
+    for n in (1, 7, 9, 31, 33, 64, 100, 300, 355):  # 900 in all
+        res = s.call(calls.pop(k, n, 30_000, 100, bundle=True))
+        assert len(res) - 11 == n
+        start += n
+        assert bits() == keep | set(range(start, 905)), n
+    assert start == 905 and r.llen(k.ready_for(0)) == 0

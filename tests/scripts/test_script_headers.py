@@ -24,6 +24,7 @@ from batchq.scripts import calls
 SCRIPT_DIR = Path(str(resources.files("batchq.scripts")))
 SCRIPT_FILES = sorted(p for p in SCRIPT_DIR.glob("*.lua") if p.name != "_lib.lua")
 KEYLESS_COMMANDS = {"time", "echo", "ping", "publish"}  # a channel is not a key
+NUMKEYS_COMMANDS = {"lmpop"}  # numkeys, then the keys
 
 
 # --- a small Lua lexer ---------------------------------------------------------------------
@@ -223,10 +224,12 @@ def analyse(src: str) -> Analysis:
             if not args or len(args[0]) != 1 or args[0][0].kind != "str":
                 a.errors.append(f"{where}: the command is not a string literal")
             elif args[0][0].text.lower() not in KEYLESS_COMMANDS:
-                if len(args) < 2:
+                # LMPOP numkeys key ...: its first key follows the count
+                at = 2 if args[0][0].text.lower() in NUMKEYS_COMMANDS else 1
+                if len(args) <= at:
                     a.errors.append(f"{where}: no key argument")
                 else:
-                    a.key_uses.append(KeyUse(where, args[1], fn))
+                    a.key_uses.append(KeyUse(where, args[at], fn))
             i = close + 1
             continue
         elif (t.kind == "name" and i + 1 < len(toks) and toks[i + 1].text == "("
@@ -299,6 +302,8 @@ def key_violations(src: str) -> list[str]:
     "local function k(p)\n  return 'q:' .. p\nend\nredis.call('LPUSH', k(1), 'v')",
     "local c = 'DEL'\nredis.call(c, KEYS[1])",
     "for i = 1, 3 do\n  redis.call('DEL', KEYS[1] .. i)\nend",
+    "redis.call('LMPOP', 1, 'q:' .. ARGV[1], 'LEFT')",
+    "redis.call('LMPOP', KEYS[1])",
 ])
 def test_checker_flags_keys_built_in_the_script(lua):
     assert key_violations(lua), lua
@@ -311,6 +316,7 @@ def test_checker_flags_keys_built_in_the_script(lua):
     "local function f(key)\n  redis.call('DEL', key)\nend\nf(KEYS[1])\nf(KEYS[2])",
     "local function rk(p)\n  return KEYS[8 + 9 - p]\nend\nredis.call('RPUSH', rk(3), 'x')",
     "for k = 8, 17 do\n  redis.call('LPOP', KEYS[k], 2)\nend",
+    "redis.call('LMPOP', 2, KEYS[1], KEYS[2], 'LEFT', 'COUNT', 5)",
     "-- redis.call('DEL', 'x' .. y) in a comment\nlocal s = \"redis.call('GET', 'k')\"",
 ])
 def test_checker_accepts_keys_from_keys(lua):

@@ -10,6 +10,7 @@ BATCHQ_COMMANDS = (
     "+evalsha", "+script|load",
     # commands the scripts run (ACLs apply inside scripts too)
     "+time", "+exists", "+lpush", "+rpush", "+lpop", "+llen", "+lpos",
+    "+lmpop",  # pop.lua on Redis 7.0+ (without it, pops take the ten lists one by one)
     "+zadd", "+zrem", "+zrange", "+zrangebyscore", "+zscore", "+zmscore",
     "+zcount",  # trim_dead.lua: the worker applies the dead-letter retention
     "+hset", "+hsetnx", "+hget", "+hdel", "+hexists", "+hincrby", "+hlen",

@@ -182,3 +182,42 @@ def test_locks_and_periodic_ticks_as_the_acl_user(acl_server: AclServer) -> None
         app.close()
     refused = {str(e["object"]) for e in acl_server.denials()}
     assert refused <= {"config|get"}, acl_server.denials()
+
+
+def test_a_user_without_lmpop_still_pops_every_priority_in_order(
+        acl_server: AclServer) -> None:
+    """A user set up before 0.5.1 (the list without ``+lmpop``): pop.lua's LMPOP is
+    refused (the ACL log says so) and the pop takes the ten lists one by one instead."""
+    from batchq.scripts import SyncScripts, calls
+
+    ns = acl_server.namespace
+    rules = [c for c in acl_setuser_args("old", "oldpass", ns) if c != "+lmpop"]
+    assert len(rules) == len(acl_setuser_args("old", "oldpass", ns)) - 1
+    admin = acl_server.admin()
+    try:
+        admin.execute_command("ACL", "SETUSER", *rules)
+        admin.acl_log_reset()
+    finally:
+        admin.close()
+    app = batchq.App(f"redis://old:oldpass@127.0.0.1:{acl_server.server.port}/0",
+                     namespace=ns)
+    try:
+        q = app.queue("acl-old-pop")
+        k = app.keys("acl-old-pop")
+
+        @app.task(queue="acl-old-pop")
+        def t(x: int) -> None:
+            pass
+
+        for prio in (0, 5, 9):
+            t.options(priority=prio).enqueue(prio)
+        s = SyncScripts(app.redis)
+        for bundle in (False, True):
+            res = s.call(calls.pop(k, 2 if not bundle else 5, 30_000, 100, bundle=bundle))
+            got = [batchq.codec.decode_entry(e, "acl-old-pop").args[0] for e in res[11:]]
+            assert got == ([9, 5] if not bundle else [0]), got
+        assert q.stats().reserved == 3
+    finally:
+        app.close()
+    refused = {str(e["object"]) for e in acl_server.denials()}
+    assert refused == {"lmpop"}, acl_server.denials()
