@@ -2,9 +2,9 @@
 
 The fetch loop keeps at most ``Fetcher.limit()`` jobs in the process: one per runner,
 plus the jobs its handlers are expected to finish within about one fetch round trip
-(from the handlers' average wall time), never more than ``concurrency + 2 x
-fetch_batch``. Fast handlers thus get two batches of prefetch, so the next pop is on the
-wire while the current batch runs; slow ones hold about one job more than they run, so
+(from the handlers' average wall time), never more than ``concurrency + 2 x`` a pop's
+size (``BEHIND_BATCH``). Fast handlers thus get two pops of prefetch, so the next pop is
+on the wire while the current batch runs; slow ones hold about one job more than they run, so
 prefetch cannot defeat priorities. One ``pop.lua`` call per queue per round (pipelined
 across queues, the order rotating and the free slots split evenly or by weight; or
 queue after queue in strict order: ``selection``) pops and reserves jobs, promotes due
@@ -71,6 +71,12 @@ least this long (since it was enqueued or became due). A worker keeping up with 
 producers gains nothing from a second pop on the wire, and holding its jobs here would
 keep them from an idle neighbour (at 60,000 jobs/s on two processes, p99 6.8 → 10 ms)."""
 
+BEHIND_BATCH = 3
+"""While its one queue is behind (as read-ahead decides), a pop asks for this many times
+``fetch_batch`` (at most ``CHUNK``) and the prefetch cap grows alike: a script call
+costs the server about what 100 jobs in it do, so a backlog drains with a third of the
+calls. A worker keeping up pops ``fetch_batch``."""
+
 RTT_EWMA_ALPHA = 0.2
 
 _HEAD = 11
@@ -102,9 +108,9 @@ class Fetcher:
         """Jobs one runner takes at once: the largest batch of a served queue's batch
         task, or of a batch task whose jobs were popped here (so batch handlers still get
         full batches), else 1."""
-        self._limit_key: tuple[float | None, float] = (-1.0, -1.0)
-        self._limit = 0
-        """``limit()`` and what it was computed from (``run_s``, ``_rtt_s``)."""
+        self._batch = s.fetch_batch  # jobs a pop asks for (BEHIND_BATCH)
+        self._limit_key: tuple[float | None, float, int] = (-1.0, -1.0, 0)
+        self._limit = 0  # limit() and what it was computed from (the key)
         self._ahead: collections.deque[asyncio.Task[tuple[int, float]]] = collections.deque()
         """Pops sent ahead (``_send_ahead``), oldest first: the fetch loop takes their
         replies' outcomes in the order they were sent."""
@@ -133,16 +139,17 @@ class Fetcher:
         At least one per runner (a full batch each when a served queue has batch tasks),
         plus the jobs expected to finish within about one fetch round trip (``run_s``,
         the handlers' average wall time, against ``PREFETCH_HORIZON_S`` or two round
-        trips), at most ``concurrency + 2 x fetch_batch``. Fast handlers therefore keep
+        trips), at most ``concurrency + 2 x`` a pop's size. Fast handlers therefore keep
         the full prefetch (the next pop is on the wire while the current batch runs),
         while slow ones hold only about one job more than they run, so a higher-priority
         job enqueued meanwhile starts within about one job's run time. Until a first
         handler finished, only the runners' own share is taken."""
         run_s = self.st.run_s
-        if run_s is self._limit_key[0] and self._rtt_s == self._limit_key[1]:
+        key = (run_s, self._rtt_s, self._batch)
+        if key == self._limit_key:
             return self._limit  # the loop wakes on every settle: mostly nothing changed
         s = self.st.settings
-        cap = s.concurrency + 2 * s.fetch_batch
+        cap = s.concurrency + 2 * self._batch
         limit = floor = min(cap, s.concurrency * self._unit)
         if run_s is not None:
             horizon = max(PREFETCH_HORIZON_S, 2 * self._rtt_s)
@@ -154,7 +161,7 @@ class Fetcher:
                 # job at a time as slots free up
                 unit = self._unit
                 limit = min(cap, floor + -(-math.ceil(soon) // unit) * unit)
-        self._limit_key = (run_s, self._rtt_s)
+        self._limit_key = key
         self._limit = limit
         return limit
 
@@ -190,14 +197,16 @@ class Fetcher:
         st, s = self.st, self.st.settings
         if st.stopping or st.fetch_paused or self.selector.strict:
             return
-        batch = s.fetch_batch
+        batch = self._batch
         free = self.limit() - st.in_flight - got - self._wire_n
         if s.max_jobs is not None:
             free = min(free, s.max_jobs - st.jobs_done - st.in_flight - got - self._wire_n)
-        while self._wire < READ_AHEAD and free >= batch and len(st.work) < 2 * batch:
-            # one queue: a batch; several: the room shared by the rounds still to send,
-            # which each round's plan splits over the queues
-            n = batch if len(st.queues) == 1 else max(batch, free // (READ_AHEAD - self._wire))
+        while (self._wire < READ_AHEAD and free >= s.fetch_batch
+               and len(st.work) < 2 * batch):
+            # one queue: up to a pop's size; several: the room shared by the rounds
+            # still to send, split by each round's plan
+            n = min(free, batch) if len(st.queues) == 1 else max(batch, free // (
+                READ_AHEAD - self._wire))
             self._ahead.append(asyncio.create_task(self.pop(n)))
             self._wire += 1  # counted now: the task sends when the loop turns
             self._wire_n += n
@@ -248,7 +257,7 @@ class Fetcher:
                 free = 0  # batch handlers: wait until a whole batch can be fetched
             elif unit > 1 and free > unit:
                 free -= free % unit
-            if not self._ahead and (free <= 0 or len(st.work) >= 2 * s.fetch_batch):
+            if not self._ahead and (free <= 0 or len(st.work) >= 2 * self._batch):
                 st.room.clear()
                 await st.room.wait()
                 continue
@@ -316,10 +325,13 @@ class Fetcher:
             self._landed(counted)  # sent ahead, but no longer wanted
             return 0, 0.0
         if len(qs) == 1:
-            want = min(free, s.fetch_batch)
+            want = min(free, self._batch)
             res = await self._on_wire(self._call(qs[0], want, lease_ms), counted, prev)
             if len(res) - _HEAD >= want and _behind(res):
+                self._batch = min(CHUNK, BEHIND_BATCH * s.fetch_batch)
                 self._send_ahead(len(res) - _HEAD)
+            else:
+                self._batch = s.fetch_batch
             asked.append((qs[0], want, res))
         elif self.selector.strict:
             # the first queue first; only what it could not fill goes to the next
@@ -464,7 +476,7 @@ class Fetcher:
                         # a batch task routed here with options(queue=...): from now
                         # on, runners take its full batches
                         self._unit = t.config.batch_size or 1
-                        self._limit_key = (-1.0, -1.0)
+                        self._limit_key = (-1.0, -1.0, 0)
                 g.append(job)
                 if len(g) >= (t.config.batch_size or 1):
                     del groups[job.task]

@@ -48,14 +48,16 @@ def test_a_backlog_keeps_two_pops_on_the_wire_and_runs_every_job_once(
     f = w.fetcher
     call = f._call
     wire, most, full = 0, 0, 0
+    wants: list[int] = []
 
     async def counted(k: Any, want: int, lease_ms: int) -> Any:
         nonlocal wire, most, full
         wire += 1
         most = max(most, wire)
+        wants.append(want)
         try:
             res = await call(k, want, lease_ms)
-            full += len(res) - 11 == want
+            full += (len(res) - 11) * (len(res) - 11 == want)
             return res
         finally:
             wire -= 1
@@ -65,8 +67,14 @@ def test_a_backlog_keeps_two_pops_on_the_wire_and_runs_every_job_once(
     # every job once, and in the order queued: replies read out of order (two
     # connections) still start their jobs in the order popped
     assert seen == list(range(n))
-    assert full >= n // s.fetch_batch - 1
+    big = fetch.BEHIND_BATCH * s.fetch_batch
+    assert full >= n - 2 * big, f"only {full} jobs came in full pops"
     assert most == 2, f"at most {most} pops were on the wire at once"
+    # the first pop asks for a batch; behind (the backlog waited), pops grow to
+    # BEHIND_BATCH batches, and the short pops at the end bring it back
+    assert wants[0] == s.fetch_batch and max(wants) == big, wants
+    assert wants.count(big) >= n // big - 3, wants
+    assert f._batch == s.fetch_batch
     assert pending_keys(redis_client, app, queue_name) == {
         "ready": 0, "delayed": 0, "reserved": 0, "inflight": 0}
 
