@@ -113,11 +113,10 @@ local function ready_key(p)
   return KEYS[READY9 + 9 - p]
 end
 
--- Each zset a pop reads for due work (delayed, reserved, bundles) is read by its earliest
--- entry first: the due ones are read only when it is due, and when nothing was taken
--- from it that entry is the reply's next time too (this script never adds to delayed,
--- and its own leases' deadline is known). A drain's pop makes 27 calls without this,
--- and one redis.call costs about as much as a job's work in a bundle.
+-- Each zset of due work (delayed, reserved, bundles) is read by its earliest entry
+-- first, and its due entries only when that one is due; when nothing was taken from it,
+-- that entry is the reply's next time too (this script never adds to delayed, and knows
+-- its own leases' deadline). A redis.call costs a pop about what a bundled job does.
 
 -- 1. due delayed jobs -> ready (write before delete; on a full Redis the first write may
 --    be refused: then nothing moves this time, and the pop below still runs)
