@@ -108,6 +108,19 @@ def test_an_ack_sends_a_run_of_one_bundles_jobs_as_one_argument(redis_client, s,
     assert int(redis_client.hget(k.stats, "succeeded")) == 60
 
 
+def test_a_bundle_of_a_thousand_jobs_is_acked_in_one_argument(redis_client, s, k):
+    """The largest pop (worker.state.CHUNK) makes the largest joined argument: 2,000
+    bytes of positions, read with one string.byte."""
+    fill(redis_client, k, 1000)
+    b, jobs, _ = bpop(s, k, 1000)
+    assert len(jobs) == 1000
+    c = calls.ack(k, held(b, *range(1, 1001)))
+    assert len(c.args) == 1 and len(c.args[0]) == len(b) + 1 + 2000
+    assert s.call(c) == []
+    assert not redis_client.exists(k.inflight, k.bundles)
+    assert int(redis_client.hget(k.stats, "succeeded")) == 1000
+
+
 def test_the_script_takes_a_bundles_leases_one_argument_each_too(redis_client, s, k):
     """ack.lua still reads "<bundle><position>" arguments (a caller that does not join
     them), alongside joined ones."""
