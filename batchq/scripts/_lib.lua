@@ -21,7 +21,8 @@ local function header(e)
 end
 
 -- The id alone, nil when the header is malformed (header's rule): one capture, not
--- four (a bundling pop's check of each job it takes).
+-- four (a bundling pop's job that its inline loop leaves to take()). That loop applies
+-- the same rule by positions, as it does tracked's and seq_of's: change them together.
 local function header_id(e)
   local _, hl, id = string.find(e, '^%d:%d+:%d+:([^:]+):')
   -- attempt and max_attempts have hl - #id - 5 digits together: up to 13, both are short
@@ -292,7 +293,8 @@ end
 -- Tracked jobs: campaign members and jobs with a dedup key. Their ids end in "_m"
 -- (producer: codec.TRACKED_SUFFIX) and they have a jobmeta entry
 -- "<campaign>\n<key ttl ms>\n<dedup key>" until settled. Plain jobs pay one string
--- compare here and no Redis call.
+-- compare here and no Redis call. (pop.lua's bundling loop checks the same two bytes
+-- in the entry, inline.)
 local function tracked(id)
   local a, b = string.byte(id, -2, -1)
   return a == 95 and b == 109  -- "_m", without making a string
@@ -381,7 +383,8 @@ end
 
 -- Ready-job bitmaps (keys.py T:waiting0..3): the sequence number in an id made by
 -- enqueue ("...-<hex>", then "~<group>" and "_m" when grouped or tracked), or nil for
--- any other id.
+-- any other id. (pop.lua's bundling loop reads a plain job's number from the entry,
+-- inline, by the same rule.)
 local WAIT_GEN = 8388608  -- 2^23 bits per generation (keys.WAIT_GEN_BITS)
 local function seq_of(id)
   if string.byte(id, 18) ~= 45 then return nil end  -- "-"
