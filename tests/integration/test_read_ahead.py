@@ -49,12 +49,14 @@ def test_a_backlog_keeps_two_pops_on_the_wire_and_runs_every_job_once(
     call = f._call
     wire, most, full = 0, 0, 0
     wants: list[int] = []
+    sizes: list[int] = []  # the pop size the fetcher held when it sent each pop
 
     async def counted(k: Any, want: int, lease_ms: int) -> Any:
         nonlocal wire, most, full
         wire += 1
         most = max(most, wire)
         wants.append(want)
+        sizes.append(f._batch)
         try:
             res = await call(k, want, lease_ms)
             full += (len(res) - 11) * (len(res) - 11 == want)
@@ -71,9 +73,16 @@ def test_a_backlog_keeps_two_pops_on_the_wire_and_runs_every_job_once(
     assert full >= n - 2 * big, f"only {full} jobs came in full pops"
     assert most == 2, f"at most {most} pops were on the wire at once"
     # the first pop asks for a batch; behind (the backlog waited), pops grow to
-    # BEHIND_BATCH batches, and the short pops at the end bring it back
-    assert wants[0] == s.fetch_batch and max(wants) == big, wants
-    assert wants.count(big) >= n // big - 3, wants
+    # BEHIND_BATCH batches and stay grown while the backlog lasts: only the short pops
+    # at the end (the queue ran dry) bring the size back. A pop may still ask less than
+    # that size: the prefetch cap leaves less room when handlers run slower (a loaded
+    # box), so the count of pops asking the full size is not fixed.
+    assert wants[0] == s.fetch_batch and max(wants) == big, (wants, sizes)
+    grown = sizes.index(big)
+    back = sizes.index(s.fetch_batch, grown) if s.fetch_batch in sizes[grown:] else len(sizes)
+    assert set(sizes[grown:back]) == {big}, (wants, sizes)
+    assert len(sizes) - back <= 2, f"the size fell back before the backlog ran dry: {sizes}"
+    assert sum(w for w in wants if w > s.fetch_batch) >= n // 2, (wants, sizes)
     assert f._batch == s.fetch_batch
     assert pending_keys(redis_client, app, queue_name) == {
         "ready": 0, "delayed": 0, "reserved": 0, "inflight": 0}
