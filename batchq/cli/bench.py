@@ -33,8 +33,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import importlib
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -55,6 +57,8 @@ if TYPE_CHECKING:
 
 PRODUCER_GRACE_S = 60.0
 """How long after its schedule ends a producer process may take to merge and exit."""
+STACKS_WAIT_S = 0.5
+"""How long a wedged producer has to print its stacks (SIGUSR1) before it is stopped."""
 
 HARNESS_COMMANDS = ("enqueue", "drain", "allin", "latency", "memory", "idle", "scale",
                     "campaign", "fanout", "groups", "ratecheck", "iocurve", "shards", "peers",
@@ -275,6 +279,10 @@ def cmd_load(args: argparse.Namespace) -> int:
         return exitcodes.EXIT_USAGE
     import redis
 
+    if part is not None:
+        # a producer child: the parent asks for its stacks (SIGUSR1) before stopping it
+        # when it outlives its schedule, so a wedge says where it was
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         code: int = _run_async(_load(args, app, task, profile, rules, part, job))
         return code
@@ -343,8 +351,9 @@ async def _load(args: argparse.Namespace, app: Any, task: Any, profile: Profile 
             late = [c for c in children if c.poll() is None]
             if late:
                 say(f"{len(late)} producer process(es) still running "
-                    f"{PRODUCER_GRACE_S:.0f} s after the schedule ended: stopping them")
-                _stop_children(late, grace_s=0)
+                    f"{PRODUCER_GRACE_S:.0f} s after the schedule ended: stopping them "
+                    f"(pids {', '.join(str(c.pid) for c in late)}; their stacks follow)")
+                _stacks_then_stop(late)
                 wedged = True
         else:
             try:
@@ -389,6 +398,16 @@ async def _load(args: argparse.Namespace, app: Any, task: Any, profile: Profile 
     finally:
         _stop_children(children)
         await app.aclose()
+
+
+def _stacks_then_stop(late: list[Any]) -> None:
+    """Ask wedged producers for their stacks (SIGUSR1: ``faulthandler`` prints every
+    thread's on their stderr, which is ours), then stop them."""
+    for c in late:
+        if c.poll() is None:
+            c.send_signal(signal.SIGUSR1)
+    time.sleep(STACKS_WAIT_S)
+    _stop_children(late, grace_s=0)
 
 
 def _stop_children(children: list[Any], grace_s: float = 10.0) -> None:

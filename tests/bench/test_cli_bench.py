@@ -127,3 +127,21 @@ def test_stop_children_ends_a_wedged_producer() -> None:
     cli_bench._stop_children([quick, ignores_term], grace_s=0.5)
     assert quick.returncode == 0
     assert ignores_term.returncode == -9  # SIGTERM ignored: killed
+
+
+def test_a_wedged_producer_prints_its_stacks_before_it_is_stopped() -> None:
+    """Producers register ``faulthandler`` on SIGUSR1 (as ``--part`` runs do): the parent
+    asks a wedged one for its stacks, so the log says where it hung."""
+    wedged = subprocess.Popen(
+        [sys.executable, "-c", "import faulthandler, signal, time\n"
+         "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+         "print('up', flush=True)\n"
+         "def stuck_here():\n    time.sleep(600)\n"
+         "stuck_here()\n"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert wedged.stdout is not None and wedged.stdout.readline() == b"up\n"
+    cli_bench._stacks_then_stop([wedged])
+    assert wedged.returncode == -15  # stopped (SIGTERM) after the dump
+    assert wedged.stderr is not None
+    err = wedged.stderr.read().decode()
+    assert "stuck_here" in err and "Current thread" in err, err

@@ -55,10 +55,15 @@ def test_flow_series_on_metrics(app: batchq.App, queue_name: str,
             text = scrape(port)
         except OSError:  # the supervisor's metrics server is not listening yet
             return False
-        return series(text, "batchq_limit_concurrency_used_ratio", Q).get("busy") == 1.0
+        # busy at its limit, and the free group's jobs all ran: the grouped jobs left
+        # are 2 held + 2 busy (a scrape can land between busy's second start and
+        # free's last one: "*" lets free run only 100 a second)
+        return (series(text, "batchq_limit_concurrency_used_ratio", Q).get("busy") == 1.0
+                and series(text, "batchq_queue_grouped_jobs", Q) == {"": 4})
 
     wait_until(ready, timeout_s=30, interval_s=0.2,
-               message=f"busy never at its limit\n{proc.read_log()[-3000:]}")
+               message=f"busy never at its limit with free's jobs run\n"
+                       f"{proc.read_log()[-3000:]}")
     text = scrape(port)
 
     assert series(text, "batchq_queue_grouped_jobs", Q) == {"": 4}  # 2 held + 2 busy
