@@ -135,8 +135,7 @@ def test_a_wedged_producer_prints_its_stacks_before_it_is_stopped() -> None:
     wedged = subprocess.Popen(
         [sys.executable, "-c", "import faulthandler, signal, time\n"
          "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
-         "print('up', flush=True)\n"
-         "def stuck_here():\n    time.sleep(600)\n"
+         "def stuck_here():\n    print('up', flush=True)\n    time.sleep(600)\n"
          "stuck_here()\n"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert wedged.stdout is not None and wedged.stdout.readline() == b"up\n"
