@@ -16,6 +16,7 @@ from helpers import wait_until
 import batchq
 from batchq import codec
 from batchq.worker import fetch
+from batchq.worker.selection import Selector
 
 from ._support import pending_keys, wait_exit
 
@@ -38,6 +39,20 @@ def _tally_worker(app: batchq.App, queue: str, n: int, *, burst: bool
     s = batchq.WorkerSettings(queues=(queue,), burst=burst, metrics=False,
                               install_signal_handlers=False)
     return batchq.Worker(app, s), seen
+
+
+def _record_plans(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
+    """Each fetch round's plan (the jobs it asks each queue or shard for), as planned."""
+    plans: list[list[int]] = []
+    plan = Selector.plan
+
+    def recorded(self: Selector, free: int, among: list[int] | None = None) -> Any:
+        out = plan(self, free, among)
+        plans.append([want for _, want in out])
+        return out
+
+    monkeypatch.setattr(Selector, "plan", recorded)
+    return plans
 
 
 def test_a_backlog_keeps_two_pops_on_the_wire_and_runs_every_job_once(
@@ -161,14 +176,50 @@ def test_a_worker_of_several_queues_reads_ahead_too(app, queue_name, redis_clien
             wire -= 1
 
     monkeypatch.setattr(fetch, "arun_pipeline", counted)
+    plans = _record_plans(monkeypatch)
     s = batchq.WorkerSettings(queues=(qa, qb), burst=True, metrics=False,
                               install_signal_handlers=False)
-    assert asyncio.run(batchq.Worker(app, s).run()) == 0
+    w = batchq.Worker(app, s)
+    assert asyncio.run(w.run()) == 0
     assert seen == {qa: list(range(n)), qb: list(range(n))}
     assert most == 2, f"at most {most} rounds were on the wire at once"
+    # rounds over several queues do not grow (a sharded queue's do: below), so rotation
+    # interleaves the queues at fetch_batch's grain
+    assert max(x for p in plans for x in p) <= s.fetch_batch, plans
+    assert w.fetcher._batch == w.fetcher.selector.fetch_batch == s.fetch_batch
     for q in (qa, qb):
         assert pending_keys(redis_client, app, q) == {
             "ready": 0, "delayed": 0, "reserved": 0, "inflight": 0}
+
+
+def test_a_sharded_queue_behind_pops_bigger_rounds(app, queue_name,
+                                                  monkeypatch: pytest.MonkeyPatch):
+    """Behind, a round over one queue's shards plans with BEHIND_BATCH x fetch_batch:
+    its share goes to fewer shards, more from each; the short rounds at the end bring
+    the size back, and every job runs once."""
+    n = 8000
+    seen: list[int] = []
+
+    @app.task(queue=queue_name, name="tally_sharded", shards=4)
+    async def tally_sharded(i: int) -> None:
+        seen.append(i)
+
+    tally_sharded.enqueue_many(range(n))
+    plans = _record_plans(monkeypatch)
+    s = batchq.WorkerSettings(queues=(queue_name,), burst=True, metrics=False,
+                              install_signal_handlers=False)
+    w = batchq.Worker(app, s)
+    assert asyncio.run(w.run()) == 0
+    assert sorted(seen) == list(range(n))
+    big = fetch.BEHIND_BATCH * s.fetch_batch
+    wants = [x for p in plans for x in p]
+    assert max(plans[0]) <= s.fetch_batch < max(wants) <= big, plans
+    # most jobs came in pops bigger than fetch_batch
+    assert sum(x for x in wants if x > s.fetch_batch) >= n // 2, plans
+    assert w.fetcher._batch == w.fetcher.selector.fetch_batch == s.fetch_batch
+    st = app.queue(queue_name).stats()
+    assert (st.ready, st.pending) == (0, 0), st
+    assert len(app.queue(queue_name).shards()) == 4
 
 
 def test_only_a_queue_that_is_behind_is_read_ahead() -> None:
