@@ -214,7 +214,7 @@ def test_a_sharded_queue_behind_pops_bigger_rounds(app, queue_name,
     big = fetch.BEHIND_BATCH * s.fetch_batch
     wants = [x for p in plans for x in p]
     assert max(plans[0]) <= s.fetch_batch < max(wants) <= big, plans
-    # most jobs came in pops bigger than fetch_batch
+    # most jobs were asked for in pops bigger than fetch_batch (the plans, not the replies)
     assert sum(x for x in wants if x > s.fetch_batch) >= n // 2, plans
     assert w.fetcher._batch == w.fetcher.selector.fetch_batch == s.fetch_batch
     st = app.queue(queue_name).stats()
