@@ -10,19 +10,20 @@ the body is opaque to Redis. No pickle, ever: a value msgpack cannot encode is a
 
 from __future__ import annotations
 
-import hashlib
-import itertools
-import os
-import secrets
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgpack
 
+from .ids import MIN_ID_LEN, REF_LEN, TRACKED_MARK, new_id, queue_ref, ref_of, seq_of
+
 __all__ = [
     "HEADER_NUMBER_MAX",
     "MAX_ATTEMPTS",
+    "MIN_ID_LEN",
+    "REF_LEN",
+    "TRACKED_MARK",
     "DecodeError",
     "Job",
     "check_int",
@@ -102,85 +103,6 @@ class Job:
             f"Job(id={self.id!r}, task={self.task!r}, args={self.args!r}, "
             f"kwargs={self.kwargs!r}, attempt={self.attempt})"
         )
-
-
-# --- ids ---------------------------------------------------------------------------------
-# "<queue ref><13 random characters><hex counter>". The queue ref (REF_LEN characters, a
-# hash of the queue name) lets ``job_status`` / ``cancel`` / ``result`` go from a job id
-# to its queue's keys without a scan (on a Cluster: to the right slot). The random part
-# (72 bits per process, drawn again in a forked child) plus the counter keeps ids unique
-# without coordination, short and cheap. Letters and digits only: an id never starts
-# with "-" (a command line would read it as a flag).
-
-_ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-
-REF_LEN = 4
-MIN_ID_LEN = REF_LEN + 14
-"""The shortest job id: the queue ref, 13 random characters and at least one more."""
-"""Characters of the queue reference at the start of an id (62**4, about 14.8 million
-values: two queues of one namespace rarely share one, and when they do the readers look
-in both)."""
-
-
-def _base62(n: int, width: int) -> str:
-    out = []
-    for _ in range(width):
-        n, r = divmod(n, 62)
-        out.append(_ALPHABET[r])
-    return "".join(out)
-
-
-def queue_ref(queue: str) -> str:
-    """The short reference of ``queue`` that starts its jobs' ids."""
-    digest = hashlib.blake2b(queue.encode("utf-8", "surrogateescape"), digest_size=8).digest()
-    return _base62(int.from_bytes(digest, "big"), REF_LEN)
-
-
-def ref_of(job_id: str) -> str:
-    """The queue reference in a job id ("" for an id too short to carry one)."""
-    return job_id[:REF_LEN] if len(job_id) > REF_LEN + 13 else ""
-
-
-_prefix = ""
-_counter = itertools.count()
-
-
-def _reseed() -> None:
-    global _prefix, _counter
-    _prefix = _base62(secrets.randbits(72), 13)
-    _counter = itertools.count()
-
-
-_reseed()
-os.register_at_fork(after_in_child=_reseed)
-
-
-TRACKED_MARK = "_m"
-"""The end of a tracked job's id (``tracked.TRACKED_SUFFIX``): ``<ref><13 random>`` then
-``-<hex seq>`` (ready) or a hex counter (delayed), then this mark."""
-
-
-def new_id(ref: str = "0000", seq: int | None = None, mark: str = "") -> str:
-    """A new job id: the queue reference ``ref``, 13 random base-62 characters, then
-    ``-`` and the hex sequence number ``seq`` (see ``seqs``), or a hex counter when the
-    job has none (delayed and periodic jobs); then ``mark`` (``TRACKED_MARK`` or "")."""
-    if seq is not None:
-        return f"{ref}{_prefix}-{seq:x}{mark}"
-    return f"{ref}{_prefix}{next(_counter):x}{mark}"
-
-
-def seq_of(job_id: str) -> int | None:
-    """The sequence number in an id made by ``new_id(ref, seq)``, else None."""
-    if len(job_id) > REF_LEN + 14 and job_id[REF_LEN + 13] == "-":
-        # a tracked job (campaign or dedup key) carries its mark after the number
-        # (and a grouped one its group, "~<hex>", before that)
-        end = -len(TRACKED_MARK) if job_id.endswith(TRACKED_MARK) else None
-        tail = job_id[REF_LEN + 14:end]
-        try:
-            return int(tail.split("~", 1)[0], 16)
-        except ValueError:
-            return None
-    return None
 
 
 # --- entries ---------------------------------------------------------------------------
@@ -353,6 +275,11 @@ def parse_header(raw: bytes) -> tuple[int, int, int, str, bytes]:
 
 _new_job = Job.__new__
 _unpackb = msgpack.unpackb
+_SMALL = {str(i).encode(): i for i in range(1001)}
+"""The header numbers nearly every entry carries (attempt and max_attempts 0..1000),
+already parsed: a dict lookup instead of ``_header_int``'s checks. Only canonical
+digit strings are keys, so what it takes ``_header_int`` takes too."""
+_DIGIT = {str(i).encode(): i for i in range(10)}
 
 
 def decode_entry(raw: bytes, queue: str) -> Job:
@@ -364,13 +291,14 @@ def decode_entry(raw: bytes, queue: str) -> Job:
     are set directly rather than through ``Job.__init__``."""
     try:
         p, a, m, jid, body = raw.split(b":", 4)
-        if len(p) != 1 or not p.isdigit() or not jid:
+        priority = _DIGIT.get(p)
+        if priority is None or not jid:
             raise ValueError("priority is one digit and the id is not empty")
         job = _new_job(Job)
         job.id = jid.decode("ascii")
-        job.attempt = _header_int(a, "attempt")
-        job.max_attempts = _header_int(m, "max_attempts")
-        job.priority = int(p)
+        job.attempt = _SMALL[a] if a in _SMALL else _header_int(a, "attempt")
+        job.max_attempts = _SMALL[m] if m in _SMALL else _header_int(m, "max_attempts")
+        job.priority = priority
     except (ValueError, UnicodeDecodeError) as exc:
         raise DecodeError(f"malformed job header: {exc}") from None
     job.lease = jid + b":" + a

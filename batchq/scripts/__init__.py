@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import cache, cached_property
 from importlib import resources
 from typing import Any
@@ -290,3 +290,11 @@ class AsyncScripts:
                    | AsyncClusterPipeline | None = None) -> Any:
         """Run a call built by ``calls`` (queued, when ``client`` is a pipeline)."""
         return await self.by_name[c.script](c.keys, c.args, client=client)
+
+    async def load(self, names: Iterable[str]) -> None:
+        """``SCRIPT LOAD`` the scripts ``names`` (on a Cluster, on every primary), so
+        their first calls do not take the NOSCRIPT detour: a worker's pop that is sent
+        again after NOSCRIPT can land behind a pop sent ahead of it, and its jobs would
+        start after later ones."""
+        for name in names:
+            await self.client.script_load(self.by_name[name].source)

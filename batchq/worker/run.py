@@ -117,18 +117,27 @@ class Runners:
             if work and not st.waking:
                 st.wake_runners(1)
             st.running[me] = item
-            jobs: list[Job] = item if type(item) is list else [item]  # type: ignore[list-item]
             ser = None
+            # the hot path awaits the handler two frames down (runner, _run_one): the
+            # busy count and the run-time sample are kept here, not in a coroutine
+            one = type(item) is not list
             try:
-                if jobs[0].recovered or (len(jobs) > 1 and any(j.recovered for j in jobs)):
-                    await self._run_alone(item, jobs)
+                if item.recovered if one else any(j.recovered for j in item):  # type: ignore
+                    await self._run_alone(item)
                 else:
-                    ser = await self._run_item(item, t)
+                    timed = self._begin()
+                    try:
+                        if one:
+                            ser = await self._run_one(item, t)  # type: ignore[arg-type]
+                        else:
+                            await self._run_batch(item)  # type: ignore[arg-type]
+                    finally:
+                        self._end(item, t, timed)
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:
-                log.exception("internal error running %s; failing what is unsettled", jobs)
-                self._settle_leftovers(jobs, exc)
+                log.exception("internal error running %s; failing what is unsettled", item)
+                self._settle_leftovers([item] if one else item, exc)  # type: ignore
             now = _perf()
             if ser is not None:
                 ser.runs.append(now - t)
@@ -137,32 +146,30 @@ class Runners:
                 await asyncio.sleep(0)  # let the flusher write what finished
                 t = last_yield = _perf()
 
-    async def _run_item(self, item: Job | list[Job], t0: float) -> JobSeries | None:
-        """Run a job or a batch started at ``t0`` (``time.perf_counter``), counted as
-        busy. Returns the metrics series of a single job whose run time the caller
-        appends (it reads the clock anyway), else None."""
+    def _begin(self) -> bool:
+        """A job or a batch starts (counted as busy). True when its wall time is to be
+        sampled: it sizes the prefetch (fetch.Fetcher.limit); timed for a sample of jobs
+        only (the first ones included): timing each would cost a no-op job ~4 %."""
         st = self.st
+        if not st.busy:
+            st.quiet.clear()
         st.busy += 1
-        st.quiet.clear()
-        # the wall time sizes the prefetch (fetch.Fetcher.limit); timed for a sample of
-        # jobs only (the first ones included): timing each would cost a no-op job ~4 %
-        timed = not st.jobs_done & RUN_SAMPLE_MASK
-        try:
-            if type(item) is list:
-                await self._run_batch(item)
-                return None
-            return await self._run_one(item, t0)  # type: ignore[arg-type]
-        finally:
-            st.busy -= 1
-            if not st.busy:
-                st.quiet.set()
-            if timed:
-                st.note_run(_perf() - t0, len(item) if type(item) is list else 1)
+        return not st.jobs_done & RUN_SAMPLE_MASK
 
-    async def _run_alone(self, item: Job | list[Job], jobs: list[Job]) -> None:
+    def _end(self, item: Job | list[Job], t0: float, timed: bool) -> None:
+        """The job or batch ``_begin`` counted, started at ``t0``, is over."""
+        st = self.st
+        st.busy -= 1
+        if not st.busy:
+            st.quiet.set()
+        if timed:
+            st.note_run(_perf() - t0, len(item) if type(item) is list else 1)
+
+    async def _run_alone(self, item: Job | list[Job]) -> None:
         """A recovered job: wait until no other handler runs, record its start, run it,
         and write its outcome before another handler may start."""
         st = self.st
+        jobs: list[Job] = item if type(item) is list else [item]  # type: ignore[list-item]
         st.exclusive = True
         try:
             try:
@@ -177,9 +184,16 @@ class Runners:
             log.info("running recovered job %s alone (an earlier worker died holding it)",
                      ", ".join(j.id for j in jobs))
             t0 = _perf()
-            ser = await self._run_item(item, t0)
-            if ser is not None:
-                ser.runs.append(_perf() - t0)
+            timed = self._begin()
+            try:
+                if type(item) is list:
+                    await self._run_batch(item)
+                else:
+                    ser = await self._run_one(item, t0)  # type: ignore[arg-type]
+                    if ser is not None:
+                        ser.runs.append(_perf() - t0)
+            finally:
+                self._end(item, t0, timed)
             # its outcome (and the started mark it clears) is written before any other
             # handler starts: a crash of a later job must not be charged to this one
             await self.out.flush_with_retry()
@@ -219,11 +233,15 @@ class Runners:
         # no clock of their own: t0 is the runner's)
         m = st.m
         ser = None
-        if m is not None:  # a start counted, its wait appended
-            ser = m.series.get((job.queue, job.task)) or m.series_of(job.queue, job.task)
-            ser.started += 1
+        if m is not None:  # a start counted: a first attempt's wait, or a restart
+            q = m.by_queue.get(job.queue)
+            ser = q.get(job.task) if q is not None else None
+            if ser is None:
+                ser = m.series_of(job.queue, job.task)
             if job.attempt == 1:
                 ser.waits.append(t0 + m.wall_offset - job.ready_ms / 1000)
+            else:
+                ser.restarts += 1
         fn = task.fn
         if job.kwargs and LOAD_KWARG in job.kwargs:  # a `batchq bench load` job
             fn = self._load_probe().wrap(job, fn, task.is_async)
@@ -298,11 +316,11 @@ class Runners:
             await self._run_batch_timed(jobs)
             return
         # one (queue, task) per batch: accept groups a fetch's jobs by task
-        ser = m.series.get((jobs[0].queue, jobs[0].task)) or m.series_of(jobs[0].queue,
-                                                                         jobs[0].task)
-        ser.started += len(jobs)
+        ser = m.series_of(jobs[0].queue, jobs[0].task)
         now = _now()
-        ser.waits += [now - j.ready_ms / 1000 for j in jobs if j.attempt == 1]
+        waits = [now - j.ready_ms / 1000 for j in jobs if j.attempt == 1]
+        ser.waits += waits
+        ser.restarts += len(jobs) - len(waits)
         t0 = _perf()
         try:
             await self._run_batch_timed(jobs)

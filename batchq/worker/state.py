@@ -64,6 +64,12 @@ RUN_SAMPLE_MASK = 7
 """A job is timed for ``State.run_s`` when it starts while the count of settled jobs is
 a multiple of 8 (so every job starting before the first one settled is timed)."""
 
+GC_THRESHOLD = 10_000
+"""Default ``WorkerSettings.gc_threshold``: with Python's 700, the jobs in flight
+(thousands of objects coming and going) set off a collection every few hundred jobs,
+and the survivors a full one every ~50,000 (28 ms each, scanning every module's
+objects): a fifth to a third of a drain's CPU (bench/README "0.5.2")."""
+
 _CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
 REDIS_ERRORS = (*_CONNECTION_ERRORS, redis.RedisError, RedisClusterException, RuntimeError)
 """Any failed Redis call: a lost connection, a refusal (OOM, READONLY, NOPERM), and on a
@@ -106,6 +112,11 @@ class WorkerSettings:
     weights: tuple[int, ...] = ()
     """One weight (1..1000) per queue of ``queues`` (rotating order only): the free
     slots are split in proportion. Empty: equal shares."""
+    gc_threshold: int = GC_THRESHOLD
+    """The worker process's first-generation threshold of Python's cyclic garbage
+    collector (``gc.set_threshold``), the objects alive at start (imports, the app)
+    frozen out of its scans (``gc.freeze``); 0 leaves the collector as the app set it.
+    See ``worker.run_worker``."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -120,6 +131,9 @@ class WorkerSettings:
         if not self.heartbeat_interval_s > 0:
             raise ValueError(f"heartbeat_interval_s must be positive, not "
                              f"{self.heartbeat_interval_s!r}")
+        if self.gc_threshold < 0:
+            raise ValueError(f"gc_threshold must be 0 (leave the collector alone) or more, "
+                             f"not {self.gc_threshold!r}")
         check_selection(self.queues, self.order, self.weights)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 from collections.abc import Callable
@@ -53,6 +54,9 @@ process raised a queue's shard count): one ``ZMSCORE``."""
 SCHEDULER_STOP_S = 3.0
 """How long a stop waits for the periodic scheduler to hand its leadership over (its
 release gives up after 2 s; the lease frees the lock anyway)."""
+
+PRELOADED_SCRIPTS = ("pop", "ack", "nack", "release", "extend", "start", "ack_result")
+"""The scripts of a job's way, loaded at start (``Worker._startup``)."""
 
 
 class Worker:
@@ -189,7 +193,8 @@ class Worker:
         loop.add_signal_handler(signal.SIGCONT, lambda: self.pause_fetching(False))
 
     async def _startup(self) -> None:
-        """Register the queues; a Redis that cannot be reached fails the start."""
+        """Register the queues and load the scripts of a job's way; a Redis that
+        cannot be reached fails the start."""
         st = self.state
         ns = self.app.namespace
         try:
@@ -214,6 +219,12 @@ class Worker:
             # e.g. a full Redis refusing the write: the registry is informational, and a
             # worker is what drains a full Redis, so start anyway
             log.warning("could not register the queues (%s); serving them anyway", exc)
+        try:
+            # the scripts of a job's way, loaded before the first pop: jobs start in the
+            # order popped only while no pop is re-sent after NOSCRIPT (read-ahead)
+            await st.scripts.load(PRELOADED_SCRIPTS)
+        except redis.ResponseError as exc:  # e.g. an ACL without script|load
+            log.warning("could not load the scripts (%s); each loads on first use", exc)
         s = self.settings
         log.info("worker %s serving %s (concurrency %d, lease %.0fs)", st.worker_id,
                  ",".join(k.queue for k in st.queues), s.concurrency, s.lease_s)
@@ -313,6 +324,16 @@ def _scheduler_ended(task: asyncio.Task[None]) -> None:
                   exc_info=task.exception())
 
 
+def tune_gc(threshold: int) -> None:
+    """Set the first-generation threshold of the cyclic garbage collector to
+    ``threshold`` (0: leave it) and freeze what exists now (imports, the app, the
+    worker's own objects: they live as long as the process) out of its scans. The
+    collector still runs, rarely: a handler's cyclic garbage is still freed."""
+    if threshold:
+        gc.freeze()
+        gc.set_threshold(threshold, *gc.get_threshold()[1:])
+
+
 def run_worker(app: App, settings: WorkerSettings | None = None) -> int:
     """Run one worker process to completion on uvloop; returns the exit code."""
     try:
@@ -322,6 +343,7 @@ def run_worker(app: App, settings: WorkerSettings | None = None) -> int:
     except ImportError:  # pragma: no cover - uvloop is a dependency on POSIX
         factory = None
     worker = Worker(app, settings)
+    tune_gc(worker.settings.gc_threshold)
     loop = factory() if factory is not None else asyncio.new_event_loop()
     try:
         return loop.run_until_complete(worker.run())

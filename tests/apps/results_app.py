@@ -10,8 +10,10 @@ batchq worker apps.results_app:app``.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import time
+import weakref
 from typing import Any
 
 import batchq
@@ -69,6 +71,22 @@ def build(redis_url: str, namespace: str, log_path: str | None = None) -> batchq
     def slow_sync(secs: float) -> float:
         time.sleep(secs)
         return secs
+
+    @app.task(queue=QUEUE, result_ttl_s=60)
+    async def gc_state() -> dict[str, Any]:
+        """The worker process's garbage collector as the handler sees it, and whether
+        a cycle made now is still collected."""
+
+        class Cycle:
+            pass
+
+        a, b = Cycle(), Cycle()
+        a.other, b.other = b, a  # type: ignore[attr-defined]
+        probe = weakref.ref(a)
+        del a, b
+        gc.collect(0)
+        return {"threshold": list(gc.get_threshold()), "frozen": gc.get_freeze_count(),
+                "enabled": gc.isenabled(), "cycle_freed": probe() is None}
 
     return app
 

@@ -238,3 +238,20 @@ def test_only_a_queue_that_is_behind_is_read_ahead() -> None:
     assert not fetch._behind(reply(now + 5, now - 1000))  # the first popped is the oldest
     assert not fetch._behind(reply())
     assert not fetch._behind([*reply(now)[:11], b"not a job"])
+
+
+def test_a_worker_loads_the_scripts_of_a_jobs_way_before_its_first_pop(
+        app, queue_name, redis_client):
+    """With pops on the wire at once, a pop sent again after NOSCRIPT (its script not
+    loaded yet) lands behind the pop sent after it, and the later jobs start first: so
+    a worker loads its scripts at start, not on first use (an empty burst run pops once
+    and acks nothing, yet every script is there)."""
+    from batchq.worker.worker import PRELOADED_SCRIPTS
+
+    redis_client.script_flush()
+    w = batchq.Worker(app, batchq.WorkerSettings(queues=(queue_name,), burst=True,
+                                                 metrics=False,
+                                                 install_signal_handlers=False))
+    assert asyncio.run(w.run()) == 0
+    shas = [w.state.scripts.by_name[n].sha for n in PRELOADED_SCRIPTS]
+    assert redis_client.script_exists(*shas) == [True] * len(shas)

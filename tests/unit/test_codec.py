@@ -8,7 +8,7 @@ import re
 import msgpack
 import pytest
 
-from batchq import codec
+from batchq import codec, ids
 from batchq.codec import DecodeError, Job
 
 ENQ_MS = 1_700_000_000_123
@@ -275,7 +275,7 @@ def test_ids_are_letters_and_digits_so_a_command_line_never_reads_one_as_a_flag(
 
     allowed = set(string.ascii_letters + string.digits)
     for _ in range(200):
-        codec._reseed()
+        ids._reseed()
         jid = codec.new_id()
         assert set(jid) <= allowed, jid
-    codec._reseed()
+    ids._reseed()
