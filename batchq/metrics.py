@@ -148,11 +148,9 @@ class Recorder:
     def __init__(self) -> None:
         from prometheus_client import Counter, Gauge, Histogram
 
-        self.series: dict[tuple[str, str], JobSeries] = {}
-        """Per (queue, task), filled by the runners (``series_of``)."""
         self.by_queue: dict[str, dict[str, JobSeries]] = {}
-        """The same series per queue, then task: what a runner looks up per job (two
-        lookups of str keys whose hashes are cached cost less than a tuple's)."""
+        """Per queue, then task, filled by the runners (``series_of``): two lookups of
+        str keys whose hashes are cached cost a runner less than one of a tuple."""
         self.wall_offset = time.time() - time.perf_counter()
         """Wall clock minus ``time.perf_counter``, set again at every ``fold``: the
         runners time jobs with the latter (one read serves a job's end and the next
@@ -218,26 +216,27 @@ class Recorder:
         self._g_concurrency.set(n)
 
     def series_of(self, queue: str, task: str) -> JobSeries:
-        key = (queue, task)
-        s = self.series.get(key)
+        tasks = self.by_queue.setdefault(queue, {})
+        s = tasks.get(task)
         if s is None:
-            s = self.series[key] = self.by_queue.setdefault(queue, {})[task] = JobSeries()
+            s = tasks[task] = JobSeries()
         return s
 
     def fold(self) -> None:
         """Bucket the runners' raw per-job figures into the local aggregates."""
         self.wall_offset = time.time() - time.perf_counter()
-        for key, s in self.series.items():
-            waits, restarts = s.waits, s.restarts
-            if waits or restarts:
-                bump(self.started, key, len(waits) + restarts)
-                s.restarts = 0
-            if waits:
-                s.waits = []
-                self.wait.observe_many(key, waits)
-            if s.runs:
-                runs, s.runs = s.runs, []
-                self.run.observe_many(key, runs)
+        for q, tasks in self.by_queue.items():
+            for t, s in tasks.items():
+                waits, restarts, runs = s.waits, s.restarts, s.runs
+                if waits or restarts:
+                    bump(self.started, (q, t), len(waits) + restarts)
+                    s.restarts = 0
+                if waits:
+                    s.waits = []
+                    self.wait.observe_many((q, t), waits)
+                if runs:
+                    s.runs = []
+                    self.run.observe_many((q, t), runs)
 
     def flush(self, in_progress: dict[str, int]) -> None:
         """Publish what was counted since the last flush."""
