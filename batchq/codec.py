@@ -259,15 +259,25 @@ def _header_int(field: bytes, what: str) -> int:
     return int(field)
 
 
+_SMALL = {str(i).encode(): i for i in range(1001)}
+"""The header numbers nearly every entry carries (attempt and max_attempts 0..1000),
+already parsed: a dict lookup instead of ``_header_int``'s checks. Only canonical
+digit strings are keys, so what it takes ``_header_int`` takes too."""
+_DIGIT = {str(i).encode(): i for i in range(10)}
+
+
 def parse_header(raw: bytes) -> tuple[int, int, int, str, bytes]:
-    """``(priority, attempt, max_attempts, id, body)`` of an entry; ``DecodeError`` if bad."""
+    """``(priority, attempt, max_attempts, id, body)`` of an entry; ``DecodeError`` if bad.
+    The same rule as ``decode_entry``, which inlines it."""
     try:
         p, a, m, jid, body = raw.split(b":", 4)
-        if len(p) != 1 or not p.isdigit():
+        priority = _DIGIT.get(p)
+        if priority is None:
             raise ValueError("priority is one digit")
         if not jid:
             raise ValueError("empty id")
-        return (int(p), _header_int(a, "attempt"), _header_int(m, "max_attempts"),
+        return (priority, _SMALL[a] if a in _SMALL else _header_int(a, "attempt"),
+                _SMALL[m] if m in _SMALL else _header_int(m, "max_attempts"),
                 jid.decode("ascii"), body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise DecodeError(f"malformed job header: {exc}") from None
@@ -275,11 +285,6 @@ def parse_header(raw: bytes) -> tuple[int, int, int, str, bytes]:
 
 _new_job = Job.__new__
 _unpackb = msgpack.unpackb
-_SMALL = {str(i).encode(): i for i in range(1001)}
-"""The header numbers nearly every entry carries (attempt and max_attempts 0..1000),
-already parsed: a dict lookup instead of ``_header_int``'s checks. Only canonical
-digit strings are keys, so what it takes ``_header_int`` takes too."""
-_DIGIT = {str(i).encode(): i for i in range(10)}
 
 
 def decode_entry(raw: bytes, queue: str) -> Job:
