@@ -83,6 +83,10 @@ def add_scenario_args(p: argparse.ArgumentParser, scenario: str) -> None:
                        help="seconds of load per level (default 10, --quick 0.5)")
         p.add_argument("--max-rate", type=float, default=None,
                        help="skip the probe: the 100 %% rate in jobs/s")
+        p.add_argument("--max-from", choices=("sustained", "drain"), default="sustained",
+                       help="the 100 %% rate: the highest rate sustained with the producer "
+                       "running beside the fleet (default; a bisection after the drain "
+                       "probe), or the drain probe's throughput")
         p.add_argument("--idle-rate", type=float, default=50.0,
                        help="rate of the idle level (default 50 jobs/s: one every 20 ms)")
         p.add_argument("--levels", default="25,50,75,90",
@@ -213,7 +217,8 @@ def _run_scenario(args: argparse.Namespace) -> int:
             ctx, rec, repeat=repeat, duration_s=args.duration or (0.5 if quick else 10.0),
             processes=args.processes, concurrency=args.concurrency, max_rate=args.max_rate,
             probe_jobs=jobs, idle_rate=args.idle_rate,
-            levels=[int(x) for x in args.levels.split(",") if x.strip()]),
+            levels=[int(x) for x in args.levels.split(",") if x.strip()],
+            max_from=args.max_from),
         "memory": lambda ctx, rec: run_memory(
             ctx, rec, jobs=jobs, repeat=repeat, payload_bytes=args.payload_bytes,
             processes=args.processes, concurrency=args.concurrency),

@@ -16,6 +16,11 @@ Medians over ``--repeat`` runs of each run's p50 and p99.
 ``--trees DIR,DIR``: run the worker and the producer of each tree in turn (a checkout of
 another commit, e.g. ``git archive REV | tar -x -C DIR``), alternating run by run, to
 compare two versions in one sitting. Default: this tree.
+
+``--floor`` adds, in the same rotation, the least a Redis list queue can do
+(``bench/startpath_floor.py``): a bare ``RPUSH`` per job and a worker blocked in
+``BLPOP``, measured the same way; batchq's start minus the floor's is what batchq itself
+adds (its script, the hand-off, the worker's dispatch).
 """
 
 from __future__ import annotations
@@ -47,37 +52,53 @@ def _pct(xs: list[float], q: float) -> float:
     return percentile(xs, q) * 1000 if xs else float("nan")
 
 
-def one_run(url: str, tree: Path, rate: float, duration_s: float, api: str = "async"
-            ) -> dict[str, float]:
+FLOOR = "floor: RPUSH → BLPOP"
+"""The row of ``--floor`` (``bench/startpath_floor.py``)."""
+
+
+def one_run(url: str, tree: Path | None, rate: float, duration_s: float,
+            api: str = "async") -> dict[str, float]:
+    """One run of ``tree``'s worker and producer (``None``: the floor's) at ``rate``."""
     ns = f"sp{uuid.uuid4().hex[:8]}"
     env = {**os.environ, "BATCHQ_REDIS_URL": url, "STARTPATH_NS": ns,
            "PYTHONPATH": str(HERE)}
     r = redis.Redis.from_url(url)
-    worker = subprocess.Popen([sys.executable, "-m", "batchq", "worker", "startpath_app:app",
-                               "-q", QUEUE, "--no-metrics", "--log-level", "WARNING"],
-                              cwd=tree, env=env)
+    floor = [sys.executable, "-m", "bench.startpath_floor"]
+    if tree is None:
+        cwd, commands = HERE.parent, ("rpush", "blpop")
+        worker_argv, produce_argv = [*floor, "worker", ns], [
+            *floor, "produce", ns, str(rate), str(duration_s), api]
+    else:
+        # batchq's own top-level commands: its scripts (enqueue, pop, ack; a command a
+        # script runs is counted inside the script's time) and the BLPOP
+        cwd, commands = tree, ("evalsha", "blpop")
+        worker_argv = [sys.executable, "-m", "batchq", "worker", "startpath_app:app",
+                       "-q", QUEUE, "--no-metrics", "--log-level", "WARNING"]
+        produce_argv = [sys.executable, "-m", "startpath_app", str(rate), str(duration_s),
+                        api]
+    worker = subprocess.Popen(worker_argv, cwd=cwd, env=env)
     try:
         deadline = time.time() + 30
-        while not r.sismember(queues_key(ns), QUEUE):
+        while not (r.exists(f"{ns}:ready") if tree is None
+                   else r.sismember(queues_key(ns), QUEUE)):
             if time.time() > deadline or worker.poll() is not None:
-                raise RuntimeError(f"the worker of {tree} did not start")
+                raise RuntimeError(f"the worker of {tree or FLOOR} did not start")
             time.sleep(0.1)
         time.sleep(1.0)  # its first pop and BLPOP
         r.config_resetstat()
-        out = subprocess.run([sys.executable, "-m", "startpath_app", str(rate), str(duration_s),
-                              api],
-                             cwd=tree, env=env, check=True, capture_output=True, text=True)
+        out = subprocess.run(produce_argv, cwd=cwd, env=env, check=True,
+                             capture_output=True, text=True)
         calls = json.loads(out.stdout)
-        # the worker writes its rows a hundred at a time (the warm-up job's included):
-        # wait for every full hundred
+        if tree is None:
+            worker.wait(30)  # the producer's last value stops it once its rows are written
+        # batchq's worker writes its rows a hundred at a time (the warm-up job's
+        # included): wait for every full hundred
         full = (len(calls) + 1) // 100 * 100
         deadline = time.time() + 30
         while r.llen(f"{ns}:rows") < full and time.time() < deadline:
             time.sleep(0.1)
         cmd = r.info("commandstats")
-        # batchq's own top-level commands at this rate: its scripts (enqueue, pop, ack;
-        # a command a script runs is counted inside the script's time) and the BLPOP
-        redis_us = sum(cmd.get(f"cmdstat_{c}", {}).get("usec", 0) for c in ("evalsha", "blpop"))
+        redis_us = sum(cmd.get(f"cmdstat_{c}", {}).get("usec", 0) for c in commands)
     finally:
         worker.terminate()
         worker.wait(30)
@@ -90,12 +111,14 @@ def one_run(url: str, tree: Path, rate: float, duration_s: float, api: str = "as
     to_worker = [got - before for before, got, _ in rows]
     in_worker = [start - got for _, got, start in rows]
     total = [start - before for before, _, start in rows]
-    return {"jobs": len(rows), "call_p50": _pct(calls, .5), "call_p99": _pct(calls, .99),
+    return {"jobs": len(rows), "sent": len(calls),
+            "call_p50": _pct(calls, .5), "call_p99": _pct(calls, .99),
             "to_worker_p50": _pct(to_worker, .5), "to_worker_p99": _pct(to_worker, .99),
             "in_worker_p50": _pct(in_worker, .5), "in_worker_p99": _pct(in_worker, .99),
             "start_p50": _pct(total, .5), "start_p99": _pct(total, .99),
             "redis_us_per_job": redis_us / max(1, len(calls)),
-            "handed_share": stats.get("handed", 0) / max(1, stats.get("enqueued", 1))}
+            "handed_share": (float("nan") if tree is None else
+                             stats.get("handed", 0) / max(1, stats.get("enqueued", 1)))}
 
 
 def checked_trees(p: argparse.ArgumentParser, text: str) -> list[Path]:
@@ -118,16 +141,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--api", choices=("async", "sync"), default="async",
                    help="the producer's call: aenqueue on the asyncio open loop (default) "
                    "or enqueue on the synchronous one")
+    p.add_argument("--floor", action="store_true",
+                   help="also run the floor (bench/startpath_floor.py: a bare RPUSH and "
+                   "a worker blocked in BLPOP, one command a job) beside the trees")
     p.add_argument("--redis-url", default=None, help="default: an embedded Valkey")
     a = p.parse_args(argv)
     try:
         rates = [float(x) for x in a.rates.split(",")]
     except ValueError:
         p.error(f"--rates: not a list of numbers: {a.rates!r}")
-    trees = checked_trees(p, a.trees)
+    trees: list[Path | None] = [*checked_trees(p, a.trees), *([None] if a.floor else [])]
     server = None if a.redis_url else EmbeddedServer().start()
     url = a.redis_url or server.url  # type: ignore[union-attr]
-    res: dict[tuple[Path, float], list[dict[str, float]]] = {}
+    res: dict[tuple[Path | None, float], list[dict[str, float]]] = {}
     try:
         for rate in rates:
             for _ in range(a.repeat):
@@ -145,8 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         def med(k: str, runs: list[dict[str, float]] = runs) -> float:
             return float(statistics.median(r[k] for r in runs))
         cells = [f"{med(c + '_p50'):.3f} / {med(c + '_p99'):.3f}" for c in cols]
-        print(f"| {t} | {rate:,.0f} | " + " | ".join(cells)
-              + f" | {med('handed_share'):.0%} | {med('redis_us_per_job'):.1f} |")
+        handed = "—" if t is None else f"{med('handed_share'):.0%}"
+        print(f"| {t or FLOOR} | {rate:,.0f} | " + " | ".join(cells)
+              + f" | {handed} | {med('redis_us_per_job'):.1f} |")
     return 0
 
 

@@ -37,17 +37,12 @@ import redis
 
 from .. import harness, record
 from ..harness import Context, Fleet, Row, batchq_worker_argv, wait_for_totals
-from ..latency import figures, wait_for_samples
+from ..latency import SUSTAINED_SHARE, figures, sustained, wait_for_samples
 from . import PEERS, Peer, install_argv
 
 STALL_S = 20.0
 """A drain whose job count has not grown for this long is taken as finished; the jobs
 that never ran are reported."""
-
-SUSTAINED_SHARE = 0.95
-"""A rate counts as sustained when every job completed and the jobs completed (and
-were sent) at no less than this share of the offered rate."""
-
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--setup", action="store_true",
@@ -289,9 +284,7 @@ def one_rate(sys_: System, rate: float, duration_s: float) -> dict[str, Any]:
     samples, stale = _since(record.take_samples(sys_.client, sys_.key), t0)
     fig = figures(samples, state)
     fig["stale_samples"] = stale
-    fig["sustained"] = (fig["lost"] == 0 and state["errors"] == 0
-                        and fig["completion_rate"] >= SUSTAINED_SHARE * rate
-                        and state["achieved_send_rate"] >= SUSTAINED_SHARE * rate)
+    fig["sustained"] = sustained(fig, rate)
     if fig["lost"]:
         sys_.flush()  # the backlog would spill into the next run
     return fig

@@ -29,6 +29,28 @@ def test_startpath_splits_the_start_of_each_job(redis_url: str, api: str,
     assert 1 < float(cells[7]) < 1000, cells[7]
 
 
+def test_startpath_floor_runs_beside_batchq(redis_url: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """``--floor``: a bare RPUSH producer and a BLPOP worker process, in the same table;
+    every job it sent was received (the split's parts are measured, not assumed)."""
+    assert startpath.main(["--rates", "100", "--repeat", "1", "--duration", "1",
+                           "--floor", "--redis-url", redis_url]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]]
+            for line in out.splitlines() if line.startswith("| /") or
+            line.startswith(f"| {startpath.FLOOR}")}
+    assert set(rows) == {str(startpath.HERE.parent), startpath.FLOOR}, out
+    floor = rows[startpath.FLOOR]
+    start, call, to_worker, in_worker = (float(c.split(" / ")[0]) for c in floor[2:6])
+    # the floor's worker takes the job as BLPOP returns: nothing between got and start
+    assert in_worker == 0 and start == to_worker > 0 and call > 0
+    assert floor[6] == "—"
+    # one RPUSH and one BLPOP a job: a few µs of server time, not zero
+    assert 0 < float(floor[7]) < 100, floor[7]
+    run = startpath.one_run(redis_url, None, 100, 0.5)
+    assert run["jobs"] == run["sent"] == 50 and run["in_worker_p50"] == 0
+
+
 def test_startpath_refuses_bad_flags(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         startpath.main(["--rates", "fast"])
