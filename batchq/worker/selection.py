@@ -19,11 +19,14 @@ and ``weights``; ``-q a,b``, ``--order strict``, ``-q a=3,b=1`` on the command l
 
 A sharded queue (``batchq/shards.py``) counts as one queue here: its share of a round
 (at most ``fetch_batch`` per shard) is split over as few of its shards as can carry it,
-in chunks of up to ``fetch_batch``, the shards taken in turn, those whose last pop came
-back full first; one shard that came back short is probed for one job per round, so new
-work there is found while the others are busy, and a queue whose shards all came back
-short is asked on every shard at once. A round that found nothing asks the shards not
-asked yet (``among``), so an idle shard never keeps the worker from a busy one.
+in whole pops of ``fetch_batch`` when the share is larger and the worker serves this
+queue alone (the remainder waits for the next round, so each pop is as large as one
+unsharded queue's), the shards taken in
+turn, those whose last pop came back full first; one shard that came back short is
+probed for one job per round, so new work there is found while the others are busy,
+and a queue whose shards all came back short is asked on every shard at once. A round
+that found nothing asks the shards not asked yet (``among``), so an idle shard never
+keeps the worker from a busy one.
 
 This module only plans; ``fetch.Fetcher.pop`` sends the pops and reports back.
 """
@@ -115,11 +118,18 @@ class Selector:
         if len(self.shards[b]) == 1:
             return [(subs[0], want)]
         full = [s for s in subs if not self._sdry[s]]
+        fb = self.fetch_batch
         if not full:
             # every shard came back short last time: ask each (evenly), in one round
             k = max(1, min(len(subs), want))
         else:
-            k = min(len(subs), max(1, -(-want // self.fetch_batch)))
+            if want > fb and self.n == 1:
+                # whole pops, as one unsharded queue's: the rest of the room is the next
+                # round's (or a read-ahead's), not a third pop of a third shard. Only for
+                # a worker of this queue alone: beside other queues the share rotation
+                # or the weights gave it stands (a weighted share cut here would be lost)
+                want -= want % fb
+            k = min(len(subs), max(1, -(-want // fb)))
         out, left = [], want
         for j, s in enumerate(subs[:k]):
             part = -(-left // (k - j))

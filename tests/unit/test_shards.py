@@ -53,8 +53,10 @@ def _plan(sel: Selector, free: int, among: list[int] | None = None) -> dict[int,
 
 def test_a_round_asks_as_few_shards_as_carry_the_share_in_turn() -> None:
     sel = Selector(1, "rotate", (), 100, shards=[[0, 1, 2, 3]])
+    # whole pops of fetch_batch: 250 jobs of room ask two shards for 100 each, as an
+    # unsharded queue would pop 100 at a time; the 50 left are the next round's
     first = _plan(sel, 250)
-    assert sorted(first.values()) == [83, 83, 84] and sum(first.values()) == 250
+    assert sorted(first.values()) == [100, 100]
     for s, want in first.items():
         sel.came_back(s, want, want)
     second = _plan(sel, 80)
@@ -95,6 +97,9 @@ def test_a_sharded_queue_is_one_queue_among_others() -> None:
     plan = _plan(sel, 200)
     assert plan[4] == 100
     assert sum(v for s, v in plan.items() if s != 4) == 100
+    # beside another queue its share stands, whole pops or not: 350 of 700 over its shards
+    plan = _plan(Selector(2, "rotate", (), 100, shards=[[0, 1, 2, 3], [4]]), 700)
+    assert sum(v for s, v in plan.items() if s != 4) == 350 and plan[4] == 100
     # weights are per queue, not per shard
     wsel = Selector(2, "rotate", (3, 1), 100, shards=[[0, 1, 2, 3], [4]])
     totals = [0, 0]
