@@ -7,8 +7,7 @@ time its send call began. The handler notes its entry and exit. Per job:
 * ``enqueue_to_start`` = handler entry - intended send time,
 * ``enqueue_to_done``  = handler exit  - intended send time (the ack is written after
   that, batched, and is not included),
-* ``send_lateness``    = actual send - intended send (how far the producer fell behind).
-
+* ``send_lateness``    = actual send - intended send (how far the producer fell behind),
 * ``sent_to_start``    = handler entry - actual send (the queue's own share: the
   enqueue call, the pop and the worker, without the producer's lateness).
 
