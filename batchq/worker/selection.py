@@ -21,12 +21,11 @@ A sharded queue (``batchq/shards.py``) counts as one queue here: its share of a 
 (at most ``fetch_batch`` per shard) is split over as few of its shards as can carry it,
 in whole pops of ``fetch_batch`` when the share is larger and the worker serves this
 queue alone (the remainder waits for the next round, so each pop is as large as one
-unsharded queue's), the shards taken in
-turn, those whose last pop came back full first; one shard that came back short is
-probed for one job per round, so new work there is found while the others are busy,
-and a queue whose shards all came back short is asked on every shard at once. A round
-that found nothing asks the shards not asked yet (``among``), so an idle shard never
-keeps the worker from a busy one.
+unsharded queue's), the shards taken in turn, those whose last pop came back full
+first; one shard that came back short is probed for one job per round, so new work
+there is found while the others are busy, and a queue whose shards all came back short
+is asked on every shard at once. A round that found nothing asks the shards not asked
+yet (``among``), so an idle shard never keeps the worker from a busy one.
 
 This module only plans; ``fetch.Fetcher.pop`` sends the pops and reports back.
 """

@@ -44,6 +44,7 @@ STALL_S = 20.0
 """A drain whose job count has not grown for this long is taken as finished; the jobs
 that never ran are reported."""
 
+
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--setup", action="store_true",
                    help="create bench/.peers-venv/<peer> and pip install the peers, then exit")
