@@ -15,7 +15,14 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
-	$(BIN)/python -m pip install -e '.[test]'
+	$(BIN)/python -m pip install -e '.[test,docs]'
+	touch $@ $(VENV)/.runtime
+
+# The demo needs only the runtime (batchq and its dependencies), not the test toolchain:
+# its own stamp, unless `make install` already installed a superset.
+$(VENV)/.runtime: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -e .
 	touch $@
 
 lint: $(VENV)/.installed
@@ -52,9 +59,10 @@ tools:
 	fi
 
 test: lint tools
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
-demo: $(VENV)/.installed
+demo: $(VENV)/.runtime
 	$(BIN)/python -m batchq.dev.demo
 
 clean:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from .app import App
+from .breaker import BreakerOpen
 from .campaign import Campaign, CampaignStats
 from .codec import Job
+from .context import JobContext, current_job
 from .errors import (
     BatchqError,
     CampaignClosed,
@@ -14,13 +16,16 @@ from .errors import (
     JobDead,
     LockLost,
     LockNotAcquired,
+    NotReplicated,
     PayloadTooLarge,
     QuotaExceeded,
     RateLimited,
+    ResultNotKept,
     Retry,
 )
+from .jobinfo import JobInfo
 from .limits import GroupState, Limit
-from .load import CurrentJob, current_job
+from .load import CurrentJob
 from .lock import Lock
 from .periodic import Schedule, periodic_status, run_scheduler
 from .producer import Call, call
@@ -33,6 +38,7 @@ __version__ = "0.5.3"
 __all__ = [
     "App",
     "BatchqError",
+    "BreakerOpen",
     "Call",
     "Campaign",
     "CampaignClosed",
@@ -45,17 +51,21 @@ __all__ = [
     "GroupState",
     "Job",
     "JobCancelled",
+    "JobContext",
     "JobDead",
     "JobFailed",
+    "JobInfo",
     "Limit",
     "Lock",
     "LockLost",
     "LockNotAcquired",
+    "NotReplicated",
     "PayloadTooLarge",
     "Queue",
     "QueueStats",
     "QuotaExceeded",
     "RateLimited",
+    "ResultNotKept",
     "Retry",
     "Schedule",
     "Task",

@@ -16,14 +16,18 @@ import redis
 from redis.asyncio import Redis as AsyncRedis
 
 from . import campaign as campaigns_
-from . import producer, results
+from . import jobinfo, producer, results
+from .breaker import Breaker, BreakerConfig, Guard, check_binding
 from .campaign import DEFAULT_CAMPAIGN_TTL_S, Campaign, CampaignStats
 from .clients import Clients
 from .codec import Job
 from .connection import RedisSettings, redact, resolve_url
+from .durations import check_seconds
+from .jobinfo import JobInfo
 from .keys import QueueKeys, check_queue_name
 from .lock import Lock
 from .queue import DeadRetention, Queue
+from .replicas import Durability
 from .scripts import AsyncScripts, SyncScripts
 from .task import DEFAULT_QUEUE, Task, TaskConfig
 
@@ -39,6 +43,11 @@ class App:
     ``dead_max_age_s`` / ``dead_max_count``: retention of each queue's dead-letter store
     (``None``: ``$BATCHQ_DEAD_MAX_AGE_S`` / ``$BATCHQ_DEAD_MAX_COUNT``, else 7 days and
     100,000 jobs; 0 turns that limit off), applied by ``Queue.trim_dead``.
+    ``min_replicas``: an enqueue returns only once this many replicas hold its jobs
+    (``WAIT``, within ``replica_timeout_ms``; ``replica_fsync=True``: ``WAITAOF``, in
+    their AOF), else raises ``NotReplicated``; a worker waits for them once per flush of
+    its acks. ``sentinel_password``: the Sentinels' own password, for a
+    ``redis+sentinel://`` URL that does not carry ``sentinel_password``.
     """
 
     def __init__(
@@ -49,6 +58,10 @@ class App:
         max_payload_bytes: int = 1 << 20,
         dead_max_age_s: float | None = None,
         dead_max_count: int | None = None,
+        min_replicas: int = 0,
+        replica_timeout_ms: int = 1000,
+        replica_fsync: bool = False,
+        sentinel_password: str | None = None,
     ) -> None:
         if not isinstance(namespace, str) or not namespace or \
                 any(c in namespace for c in "{}: \t\r\n"):
@@ -56,11 +69,18 @@ class App:
         if type(max_payload_bytes) is not int or max_payload_bytes < 1:
             raise ValueError(f"max_payload_bytes must be a positive int, got "
                              f"{max_payload_bytes!r}")
-        self.clients = Clients(RedisSettings(resolve_url(redis_url)), namespace,
-                               max_payload_bytes)
+        self.clients = Clients(RedisSettings(resolve_url(redis_url),
+                                             sentinel_password=sentinel_password),
+                               namespace, max_payload_bytes)
+        # enqueues (and a worker's ack flushes) wait for this many replicas (replicas.py)
+        self.clients.durability = Durability(min_replicas, replica_timeout_ms, replica_fsync)
+        if min_replicas and self.clients.settings.cluster:
+            raise ValueError("min_replicas is not supported on Redis Cluster (a WAIT must "
+                             "go to the node that took the write); use min_replicas=0")
         self.namespace = namespace
         self.dead_retention = DeadRetention.resolve(dead_max_age_s, dead_max_count)
         self.tasks: dict[str, Task[..., Any]] = {}
+        self.breakers: dict[str, Breaker] = {}
 
     def __repr__(self) -> str:
         return f"App(redis_url={redact(self.redis_url)!r}, namespace={self.namespace!r})"
@@ -107,6 +127,10 @@ class App:
         result_ttl_s: float | None = None,
         key_ttl_s: float = ...,
         shards: int | None = None,
+        max_hold_s: float = ...,
+        max_refunds: int = ...,
+        breaker: str | None = None,
+        fallback: Task[..., Any] | str | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     @overload
@@ -126,6 +150,10 @@ class App:
         result_ttl_s: None = None,
         key_ttl_s: float = ...,
         shards: int | None = None,
+        max_hold_s: float = ...,
+        max_refunds: int = ...,
+        breaker: str | None = None,
+        fallback: Task[..., Any] | str | None = None,
     ) -> Callable[[Callable[[list[Job]], Any]], Task[..., Any]]: ...
 
     def task(self, fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
@@ -133,12 +161,22 @@ class App:
 
         ``result_ttl_s``: keep each run's return value (msgpack, at most
         ``max_payload_bytes``) this long, for ``app.result``; None (default): not kept.
+        Every duration is checked here: at most ten years (``durations.MAX_DURATION_S``).
+        ``max_hold_s`` / ``max_refunds``: bounds of a handler's ``RateLimited``
+        (``batchq.errors``: 300 s and 20 by default).
+        ``breaker``: a circuit breaker (``app.breaker``) whose open state holds this
+        task's jobs, attempts not charged; ``fallback``: a task of the same queue its
+        jobs are re-routed to meanwhile (``batchq.breaker``).
         ``batch_size=N`` makes a batch handler, called with up to N ``batchq.Job``; it
         may return a mapping of job id to exception (or message) for the jobs that
         failed: only those are retried. Raising fails the whole batch.
         """
 
         def register(f: Callable[..., Any]) -> Task[..., Any]:
+            queue = options.get("queue", DEFAULT_QUEUE)
+            options["breaker"], options["fallback"] = check_binding(
+                self.tasks, self.breakers, options.get("breaker"), options.get("fallback"),
+                queue)
             cfg = TaskConfig(name=options.pop("name", None) or f.__name__, **options)
             if cfg.name in self.tasks:
                 raise ValueError(f"a task named {cfg.name!r} is already registered")
@@ -211,7 +249,8 @@ class App:
         ``timeout_s`` for it without polling. Raises ``batchq.JobDead`` (with the dead
         record) if it was dead-lettered, ``batchq.JobCancelled`` if it was cancelled,
         ``TimeoutError`` if it did not finish in time, ``KeyError`` if the job is unknown
-        or its result expired (or is not kept)."""
+        or its result expired, ``batchq.ResultNotKept`` (a ``KeyError``) at once when the
+        tasks of its queue keep no result."""
         return results.result(self, job_id, timeout_s)
 
     async def aresult(self, job_id: str, timeout_s: float = 10.0) -> Any:
@@ -226,6 +265,16 @@ class App:
         forgotten: a task without ``result_ttl_s`` keeps no trace of a success)."""
         return results.job_status(self, job_id)
 
+    def job_info(self, job_id: str) -> JobInfo:
+        """The state (as ``job_status``) and what Redis still keeps of the job: queue,
+        task, attempt, progress and message (``current_job().progress``), last error,
+        group, campaign, times. See ``batchq.jobinfo``."""
+        return jobinfo.job_info(self, job_id)
+
+    async def ajob_info(self, job_id: str) -> JobInfo:
+        """``job_info`` for asyncio code."""
+        return await jobinfo.ajob_info(self, job_id)
+
     def cancel(self, job_id: str) -> bool:
         """Cancel a job that waits (ready or delayed): True if it will never run, False
         if it is running, finished, already cancelled or unknown. Safe against a worker
@@ -235,6 +284,25 @@ class App:
     async def acancel(self, job_id: str) -> bool:
         """``cancel`` for asyncio code."""
         return await results.acancel(self, job_id)
+
+    def breaker(self, name: str, **config: Any) -> Guard:
+        """Circuit breaker ``name``, shared by the fleet: ``app.breaker("twilio",
+        failures=20, within_s=10, open_s=30, half_open_jobs=3, exceptions=(...))``
+        defines it (again with the same settings: no-op); ``async with
+        app.breaker("twilio"):`` (or ``with``) runs a call behind it. See
+        ``batchq.breaker``."""
+        b = self.breakers.get(name) if isinstance(name, str) else None
+        if config or b is None:
+            if not config:
+                raise ValueError(f"no breaker named {name!r}: define it with "
+                                 f"app.breaker({name!r}, failures=..., within_s=..., "
+                                 "open_s=...)")
+            cfg = BreakerConfig(name, **config)
+            if b is not None and b.config != cfg:
+                raise ValueError(f"breaker {name!r} is already defined as {b.config}")
+            if b is None:
+                b = self.breakers[name] = Breaker(self.clients, cfg)
+        return b.guard()
 
     # --- locks and periodic jobs (batchq/lock.py, batchq/periodic.py) ------------------
 
@@ -271,6 +339,7 @@ class App:
         stats_dict)`` is enqueued exactly once when it is sealed and nothing is pending;
         its record is kept ``campaign_ttl_s`` after that. Use as ``with
         app.campaign(...) as c:`` to seal on a clean exit."""
+        check_seconds("campaign_ttl_s", campaign_ttl_s, positive=True)
         cid = campaigns_.create(self.clients, campaign_id, on_complete, campaign_ttl_s)
         return Campaign(self.clients, cid)
 

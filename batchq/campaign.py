@@ -265,8 +265,9 @@ class Campaign:
         try_complete(self._clients, self.id)
 
     def cancel(self) -> int:
-        """Jobs not started never run (counted as cancelled, when a worker pops them);
-        running ones finish. Seals the campaign. Returns how many had not started."""
+        """Jobs not started never run: a pop drops them (counted as cancelled) as fast
+        as it reads them, charging them to no rate, concurrency or batch; running ones
+        finish. Seals the campaign. Returns how many had not started."""
         n = close(self._clients, self.id, "cancel")
         try_complete(self._clients, self.id)
         return n

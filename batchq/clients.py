@@ -13,18 +13,23 @@ graph is app -> producer/queue -> clients -> connection/scripts, with no circle.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import threading
 from collections.abc import Callable
-from typing import TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import redis
 from redis.asyncio import Redis as AsyncRedis
 
 from .connection import RedisSettings
 from .keys import QueueKeys, queues_key, shards_key, split_shard
+from .replicas import Durability
 from .scripts import AsyncScripts, SyncScripts
 from .shards import ShardTable
+
+if TYPE_CHECKING:
+    from .otel import Tracing
 
 T = TypeVar("T")
 
@@ -48,6 +53,11 @@ class Clients:
         self._lock = threading.Lock()
         self.shards = ShardTable()
         """The shard counts this app's queues are configured with (``batchq.shards``)."""
+        self.otel: Tracing | None = None
+        """The span hooks of ``batchq.otel.instrument``; None: not traced (the producer
+        and the worker check only that)."""
+        self.durability = Durability()
+        """How many replicas must hold a write (``App(min_replicas=...)``)."""
 
     @property
     def settings(self) -> RedisSettings:
@@ -56,7 +66,11 @@ class Clients:
     @settings.setter
     def settings(self, value: RedisSettings) -> None:
         # new settings (the CLI's --redis-url): clients built from the old ones are
-        # dropped, not closed, since another thread may still hold them
+        # dropped, not closed, since another thread may still hold them; the Sentinels'
+        # password given to the app stays unless the new settings carry their own
+        if value.sentinel_password is None and self._settings.sentinel_password is not None:
+            value = dataclasses.replace(value,
+                                        sentinel_password=self._settings.sentinel_password)
         self._settings = value
         self._pid = -1
         self.check_fork()

@@ -2,20 +2,24 @@
 
 An encoded job ("entry") is ``<priority>:<attempt>:<max_attempts>:<id>:<body>`` where
 ``body`` is msgpack ``[task, args, kwargs, enqueued_at_ms]``, plus ``due_ms`` (the
-producer's estimate of the due time) for delayed jobs. The short text header lets
-the Lua scripts reserve, count attempts and route by priority without decoding msgpack;
-the body is opaque to Redis. No pickle, ever: a value msgpack cannot encode is a
-``TypeError`` at enqueue time.
+producer's estimate of the due time) for delayed jobs, then a map of per-job options
+(``{"timeout_s": 0.2}``) when any is set (``due_ms`` is then the enqueue time for a
+ready job); a traced producer (``batchq.otel``) adds its trace context to that map.
+The short text header lets the Lua scripts reserve, count attempts and route by
+priority without decoding msgpack; the body is opaque to Redis. No pickle, ever: a
+value msgpack cannot encode is a ``TypeError`` at enqueue time.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import msgpack
 
+from .context import JobContext, context_of
 from .ids import MIN_ID_LEN, REF_LEN, TRACKED_MARK, new_id, queue_ref, ref_of, seq_of
 
 __all__ = [
@@ -40,6 +44,7 @@ __all__ = [
     "ref_of",
     "reset_attempt",
     "seq_of",
+    "trace_of",
 ]
 
 
@@ -64,6 +69,7 @@ class Job:
         "ready_ms",
         "recovered",
         "task",
+        "timeout_s",
     )
 
     def __init__(
@@ -97,12 +103,20 @@ class Job:
         self.ready_ms = enqueued_ms
         # taken back from a worker that died holding it (the worker runs it alone)
         self.recovered = False
+        # the job's own timeout (options(timeout_s=...)), over its task's; None: the task's
+        self.timeout_s: float | None = None
 
     def __repr__(self) -> str:
         return (
             f"Job(id={self.id!r}, task={self.task!r}, args={self.args!r}, "
             f"kwargs={self.kwargs!r}, attempt={self.attempt})"
         )
+
+    @property
+    def context(self) -> JobContext:
+        """This job's ``batchq.JobContext`` while its handler runs (in a batch handler,
+        each job of the list has its own); ``RuntimeError`` elsewhere."""
+        return context_of(self)
 
 
 # --- entries ---------------------------------------------------------------------------
@@ -153,18 +167,28 @@ def _pack(value: Any) -> bytes:
     return out
 
 
+TRACE: ContextVar[dict[str, Any] | None] | None = None
+"""The trace context the jobs encoded in this context carry (keys of their options map),
+set by ``batchq.otel`` around a traced enqueue. None until an app of this process is
+instrumented: encoding a job then checks nothing more than that."""
+
+
 def encode_body(
     task: str, args: Sequence[Any], kwargs: Mapping[str, Any], enqueued_ms: int,
-    due_ms: int | None = None,
+    due_ms: int | None = None, opts: Mapping[str, Any] | None = None,
 ) -> bytes:
     """msgpack of the job body; raises ``TypeError`` naming the argument that failed.
 
     Besides what msgpack refuses, a dict key that would not decode back into a dict key
     (a tuple comes back as an unhashable list) is refused here, since the worker could
     only dead-letter the job."""
+    if TRACE is not None and (trace := TRACE.get()) is not None:
+        opts = {**opts, **trace} if opts else trace
     try:
-        fields = (task, args, kwargs, enqueued_ms) if due_ms is None else \
-            (task, args, kwargs, enqueued_ms, due_ms)
+        fields = (task, args, kwargs, enqueued_ms) if due_ms is None and not opts else \
+            (task, args, kwargs, enqueued_ms, due_ms) if not opts else \
+            (task, args, kwargs, enqueued_ms, enqueued_ms if due_ms is None else due_ms,
+             opts)
         body = _pack(fields)
     except (TypeError, ValueError, OverflowError) as exc:
         raise _explain(task, args, kwargs, exc) from None
@@ -310,14 +334,17 @@ def decode_entry(raw: bytes, queue: str) -> Job:
     job.queue = queue
     job.raw = raw
     job.recovered = False
+    job.timeout_s = None
     try:
         fields = _unpackb(body, strict_map_key=False)
     except Exception as exc:
         raise DecodeError(
             f"cannot decode job {job.id} body: {type(exc).__name__}: {exc}") from None
-    if type(fields) is not list or not 4 <= len(fields) <= 5:
+    if type(fields) is not list or not 4 <= len(fields) <= 6:
         raise DecodeError(f"job {job.id} body is not [task, args, kwargs, enqueued_at"
-                          f"(, due)]: {type(fields).__name__} {_short(fields)}")
+                          f"(, due(, options))]: {type(fields).__name__} {_short(fields)}")
+    if len(fields) == 6:
+        _options(job, fields[5])
     job.task, job.args, job.kwargs, job.enqueued_ms = fields[0], fields[1], fields[2], \
         fields[3]
     due = fields[4] if len(fields) > 4 else job.enqueued_ms
@@ -336,6 +363,26 @@ def decode_entry(raw: bytes, queue: str) -> Job:
     return job
 
 
+def retask(body: bytes, task: str) -> bytes:
+    """``body`` (a job's msgpack body) for another task: the same arguments, times and
+    options (a job re-routed to its task's fallback)."""
+    fields = _unpackb(body, strict_map_key=False)
+    fields[0] = task
+    return _pack(fields)
+
+
+def _options(job: Job, opts: Any) -> None:
+    """Set the per-job options of a body's options map on ``job``."""
+    t = opts.get("timeout_s") if type(opts) is dict else None
+    if t is not None:
+        if isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t < 1e12:
+            raise DecodeError(f"job {job.id} body: timeout_s {_short(t)} is not a "
+                              "positive number of seconds")
+        job.timeout_s = float(t)
+    elif type(opts) is not dict:
+        raise DecodeError(f"job {job.id} body: options {_short(opts)} is not a map")
+
+
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -349,6 +396,18 @@ def _bad_field(fields: list[Any]) -> str:
             return (f"{name} should be {kind.__name__}, not {type(value).__name__} "
                     f"{_short(value)}")
     return "?"
+
+
+def trace_of(raw: bytes) -> dict[str, Any] | None:
+    """The options map of an entry (its body's sixth field, where a traced producer puts
+    its trace context), None when it has none. Only a traced worker reads it (never
+    ``decode_entry``)."""
+    try:
+        fields = _unpackb(raw.split(b":", 4)[-1], strict_map_key=False)
+    except Exception:
+        return None
+    opts = fields[5] if type(fields) is list and len(fields) == 6 else None
+    return opts if type(opts) is dict else None
 
 
 def lease_of(raw: bytes) -> tuple[str, bytes]:

@@ -12,6 +12,11 @@ over the nodes. Query options (``ssl_ca_certs``, ``ssl_certfile``, ...) work as 
 URL. The cluster clients are returned under the plain client types: they answer the same
 commands (cross-slot multi-key commands aside, which batchq does not send).
 
+``redis+sentinel://[user:pass@]host1:port1,host2:port2/SERVICE[/db]`` (``rediss+sentinel``
+for TLS) asks the Sentinels for the primary of ``SERVICE`` (``sentinel.py``): redis-py's
+Sentinel pools find it again after a failover, on a lost connection or a ``READONLY``
+reply from a demoted primary, and batchq's callers retry as for any lost connection.
+
 Every client batchq builds packs its commands with hiredis in one C call (``packing``):
 redis-py's asyncio connections pack in Python, about a microsecond and a half per
 argument, and its sync ones copy the arguments in a Python loop before hiredis packs them.
@@ -19,6 +24,7 @@ argument, and its sync ones copy the arguments in a Python loop before hiredis p
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +39,14 @@ import redis.asyncio.retry
 import redis.cluster
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+from .sentinel import (
+    SENTINEL_SCHEMES,
+    async_sentinel_client,
+    is_sentinel_url,
+    parse_sentinel_url,
+    sync_sentinel_client,
+)
 
 _hiredis_pack: Callable[[tuple[Any, ...]], bytes] | None
 try:
@@ -62,9 +76,21 @@ def plain_url(url: str) -> str:
     return f"{plain}{sep}{rest}" if plain else url
 
 
+_default_told: list[str] = []
+"""Non-empty once this process said that it fell back to ``DEFAULT_URL``."""
+
+
 def resolve_url(url: str | None) -> str:
-    """``url``, else ``$BATCHQ_REDIS_URL``, else the local default."""
-    return url or os.environ.get("BATCHQ_REDIS_URL") or DEFAULT_URL
+    """``url``, else ``$BATCHQ_REDIS_URL``, else the local default (with one warning per
+    process: whatever answers on the default port would silently get the jobs)."""
+    chosen = url or os.environ.get("BATCHQ_REDIS_URL")
+    if chosen:
+        return chosen
+    if not _default_told:
+        _default_told.append(DEFAULT_URL)
+        logging.getLogger("batchq.connection").warning(
+            "no Redis URL given and BATCHQ_REDIS_URL is not set: using %s", DEFAULT_URL)
+    return DEFAULT_URL
 
 
 _SECRET_PARAMS = ("password", "pass", "pwd", "auth")
@@ -94,7 +120,7 @@ def redact(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
-URL_SCHEMES = ("redis", "rediss", "unix", *CLUSTER_SCHEMES)
+URL_SCHEMES = ("redis", "rediss", "unix", *CLUSTER_SCHEMES, *SENTINEL_SCHEMES)
 
 
 def check_url(url: object) -> str:
@@ -106,6 +132,9 @@ def check_url(url: object) -> str:
     try:
         parts = urlsplit(url)
         scheme = parts.scheme.lower()
+        if scheme in SENTINEL_SCHEMES:
+            parse_sentinel_url(url)
+            return url
         if scheme not in URL_SCHEMES:
             raise ValueError(f"the scheme must be one of {', '.join(URL_SCHEMES)}")
         if scheme == "unix":
@@ -137,6 +166,8 @@ class RedisSettings:
     socket_timeout_s: float = 15.0
     connect_timeout_s: float = 5.0
     health_check_interval_s: int = 10
+    sentinel_password: str | None = None
+    """The Sentinels' own password when the URL does not carry ``sentinel_password``."""
 
     def __post_init__(self) -> None:
         check_url(self.url)
@@ -159,8 +190,19 @@ class RedisSettings:
         """True when the URL selects Redis Cluster (``redis+cluster://``)."""
         return is_cluster_url(self.url)
 
+    @property
+    def sentinel(self) -> bool:
+        """True when the URL names a Sentinel service (``redis+sentinel://``)."""
+        return is_sentinel_url(self.url)
+
     def sync_client(self) -> redis.Redis:
         kwargs = self._kwargs(self.socket_timeout_s)
+        if self.sentinel:
+            client = sync_sentinel_client(self.url, kwargs, self.sentinel_password,
+                                          redact(self.url))
+            pool = client.connection_pool
+            pool.connection_class = packing(pool.connection_class)
+            return client
         if self.cluster:
             # health checks are per connection in redis-py's cluster client and not a
             # cluster option; it drops the keyword
@@ -176,6 +218,12 @@ class RedisSettings:
     def async_client(self, *, socket_timeout_s: float | None = None) -> redis.asyncio.Redis:
         timeout = self.socket_timeout_s if socket_timeout_s is None else socket_timeout_s
         kwargs = self._kwargs(timeout)
+        if self.sentinel:
+            aclient = async_sentinel_client(self.url, kwargs, self.sentinel_password,
+                                          redact(self.url))
+            apool = aclient.connection_pool
+            apool.connection_class = packing(apool.connection_class)
+            return aclient
         if self.cluster:
             # the cluster client's own retry object counts re-tries of whole commands
             kwargs["retry"] = redis.asyncio.retry.Retry(NoBackoff(), 0)

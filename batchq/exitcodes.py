@@ -28,3 +28,7 @@ burst mode (where 0 means the queues are drained)."""
 EXIT_STALLED = 6
 """A burst run that cannot make progress: jobs remain but every queue that holds them is
 paused (or otherwise unservable), so waiting would never end."""
+
+EXIT_MEMORY = 7
+"""A worker whose RSS passed ``--max-memory-per-child``: it finished its running jobs and
+gave back its prefetched ones; the supervisor replaces it (reason ``memory``)."""

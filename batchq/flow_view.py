@@ -8,11 +8,11 @@ has limits or waiting groups):
 
 1. ``TIME``, and per queue the queue's own limit and the default one (``"*"``), one
    ``HSCAN`` page of the limits hash (at most ``limits`` group limits kept), its size,
-   the running count of the queue (leases), and the ``groups + 1`` groups of ``gwait``
+   the running count of the queue (leases), the ``groups + 1`` groups of ``gwait``
    that wait longest (blocked ones, at a concurrency limit, first; then the longest
-   holds);
-2. per queue the counters of those groups and of the limited ones (``gstate``) and
-   whether each limited group waits or is in the rotation now.
+   holds), and the queue's own hold and its reason;
+2. per queue the counters and hold reasons of those groups and of the limited ones
+   (``gstate``) and whether each limited group waits or is in the rotation now.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from .limits import (
     GroupState,
     Limit,
     group_name,
+    why_of,
 )
 from .stats import BUNDLE_COUNTS, QueueStats, reserved_jobs
 
@@ -91,6 +92,8 @@ class Flow:
     limits: list[LimitUse] = field(default_factory=list)
     limits_total: int = 0
     waiting: list[GroupState] = field(default_factory=list)
+    held_why: str = ""
+    """Why the whole queue is held (``"operator"``, ``"RateLimited"``), when it is."""
 
     @property
     def used(self) -> bool:
@@ -150,14 +153,18 @@ def read(client: redis.Redis, queues: Sequence[QueueKeys], *, groups: int = WAIT
         pipe.zcard(k.reserved)
         pipe.hmget(k.stats, list(BUNDLE_COUNTS))
         pipe.zrevrange(k.gwait, 0, groups, withscores=True)
+        pipe.zscore(k.gwait, QUEUE_FIELD)
+        pipe.hget(k.gstate, f"{QUEUE_FIELD}:why")
     res = pipe.execute(raise_on_error=False)
     if isinstance(res[0], Exception):
         raise res[0]
     now_ms = int(res[0][0]) * 1000 + int(res[0][1]) // 1000
     firsts: list[tuple[QueueKeys, list[LimitUse], list[tuple[str, Limit]], int,
-                       list[tuple[str, float]]]] = []
+                       list[tuple[str, float]], str]] = []
     for j, k in enumerate(queues):
-        qlim, dlim, page, total, members, bc, waiting = res[1 + 7 * j : 8 + 7 * j]
+        qlim, dlim, page, total, members, bc, waiting, qheld, qwhy = \
+            res[1 + _FIRST * j : 1 + _FIRST * (j + 1)]
+        held_why = why_of(qwhy, qheld) if _state(qheld, now_ms)[1] > 0 else ""
         reserved = reserved_jobs(members, *(bc if isinstance(bc, list) else (0,)))
         uses: list[LimitUse] = []
         own = _limit(QUEUE_FIELD, qlim) if isinstance(qlim, bytes | str) else None
@@ -177,30 +184,32 @@ def read(client: redis.Redis, queues: Sequence[QueueKeys], *, groups: int = WAIT
         rows = []
         if isinstance(waiting, list):
             rows = [(_text(g), float(s)) for g, s in waiting if _text(g) != QUEUE_FIELD]
-        firsts.append((k, uses, glims, _int(total), rows[:groups]))
+        firsts.append((k, uses, glims, _int(total), rows[:groups], held_why))
 
     pipe = client.pipeline(transaction=False)
     asked = []
-    for k, _, glims, _, rows in firsts:
+    for k, _, glims, _, rows, _ in firsts:
         names = list(dict.fromkeys([g for g, _ in rows] + [g for g, _ in glims]))
         asked.append(names)
         if names:
-            pipe.hmget(k.gstate, [f"{g}:{c}" for g in names for c in ("n", "run")])
+            pipe.hmget(k.gstate, [f"{g}:{c}" for g in names for c in ("n", "run", "why")])
         if glims:
             pipe.zmscore(k.gwait, [g for g, _ in glims])
             pipe.zmscore(k.groups, [g for g, _ in glims])
     res2 = pipe.execute(raise_on_error=False) if any(asked) else []
     out: dict[str, Flow] = {}
     i = 0
-    for (k, uses, glims, total, rows), names in zip(firsts, asked, strict=True):
+    for (k, uses, glims, total, rows, held_why), names in zip(firsts, asked, strict=True):
         counts: dict[str, tuple[int, int]] = {}
+        whys: dict[str, str] = {}
         if names:
             vals = res2[i]
             i += 1
             if not isinstance(vals, list):
-                vals = [None] * (2 * len(names))
-            counts = {g: (_int(vals[2 * n]), _int(vals[2 * n + 1]))
+                vals = [None] * (3 * len(names))
+            counts = {g: (_int(vals[3 * n]), _int(vals[3 * n + 1]))
                       for n, g in enumerate(names)}
+            whys = {g: vals[3 * n + 2] for n, g in enumerate(names)}
         waits: list[Any] = [None] * len(glims)
         inturn: list[Any] = [None] * len(glims)
         if glims:
@@ -219,9 +228,14 @@ def read(client: redis.Redis, queues: Sequence[QueueKeys], *, groups: int = WAIT
         for g, score in rows:
             pending, running = counts.get(g, (0, 0))
             state, until = _state(score, now_ms)
-            waiting.append(GroupState(group_name(g), pending, running, state, until))
-        out[k.queue] = Flow(k.queue, uses, total, waiting)
+            why = why_of(whys.get(g), score) if state == "waiting" else ""
+            waiting.append(GroupState(group_name(g), pending, running, state, until, why))
+        out[k.queue] = Flow(k.queue, uses, total, waiting, held_why)
     return out
+
+
+_FIRST = 9
+"""Replies per queue in the first round trip."""
 
 
 def _state(score: Any, now_ms: int) -> tuple[str, float]:
@@ -252,9 +266,11 @@ def info(flow: Flow | None, st: QueueStats) -> dict[str, Any] | None:
         "held_s": round(st.held_s, 3),
         "limits": [u.as_dict() for u in flow.limits],
         "limits_total": flow.limits_total,
+        "held_why": flow.held_why or None,
         "waiting_groups": [{"group": g.group, "state": g.state,
-                            "until_s": round(g.until_s, 3), "pending": g.pending,
-                            "running": g.running} for g in flow.waiting],
+                            "until_s": round(g.until_s, 3), "why": g.why or None,
+                            "pending": g.pending, "running": g.running}
+                           for g in flow.waiting],
     }
 
 
@@ -283,7 +299,7 @@ def merge(name: str, parts: Sequence[Flow], groups: int = WAITING_SHOWN) -> Flow
     if len(parts) == 1:
         only = parts[0]
         return only if only.queue == name else Flow(name, only.limits, only.limits_total,
-                                                    only.waiting)
+                                                    only.waiting, only.held_why)
     uses: dict[str | None, LimitUse] = {}
     for part in parts:
         for u in part.limits:
@@ -303,11 +319,11 @@ def merge(name: str, parts: Sequence[Flow], groups: int = WAITING_SHOWN) -> Flow
                 top = _busier(seen, gs)
                 gs = GroupState(gs.group, seen.pending + gs.pending,
                                 seen.running + gs.running, top.state,
-                                max(seen.until_s, gs.until_s))
+                                max(seen.until_s, gs.until_s), seen.why or gs.why)
             by_group[gs.group] = gs
     waiting = sorted(by_group.values(), key=lambda w: (w.state != "blocked", -w.until_s))
     return Flow(name, list(uses.values()), max((p.limits_total for p in parts), default=0),
-                waiting[:groups])
+                waiting[:groups], next((p.held_why for p in parts if p.held_why), ""))
 
 
 _S = TypeVar("_S", LimitUse, GroupState)

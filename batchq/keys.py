@@ -47,6 +47,8 @@ Layout of one queue ``Q`` in namespace ``NS`` (``T`` = ``NS:{NS:Q}``)::
                                    status, kept ``CANCEL_KEEP_MS`` (cancel.lua trims)
     T:result:<id>            string the msgpack return value of a task with
                                    ``result_ttl_s``, expiring after it (ack_result.lua)
+    T:progress:<id>          string a running job's last progress (JSON: value, message,
+                                   times), expiring ``PROGRESS_KEEP_S`` after its last write
     T:done:<id>              pub/sub channel (not a key): the scripts publish "s"
                                    (succeeded), "d" (dead) or "c" (cancelled) on it
     T:campaigns              hash  per campaign C with jobs on this queue: "C:f" its flag
@@ -182,6 +184,9 @@ class QueueKeys:
     jobmeta: str = field(init=False)
     dedup: str = field(init=False)
     dedup_exp: str = field(init=False)
+    replace: str = field(init=False)
+    """Hash: dedup key -> the entry a replace / debounce enqueue wrote for its job, by
+    which ``enqueue_tracked.lua`` finds it in its ready list (LPOS)."""
     gready: str = field(init=False)
     groups: str = field(init=False)
     gwait: str = field(init=False)
@@ -224,7 +229,7 @@ class QueueKeys:
                      "stats", "recovered", "started", "periodic", "pending", "cancel", "cancelled",
                      "done", "seq", "waiting0", "waiting1", "waiting2", "waiting3",
                      "waiters", "campaigns", "jobmeta", "dedup", "gready", "groups",
-                     "gwait", "gstate", "limits", "idle"):
+                     "gwait", "gstate", "limits", "idle", "replace"):
             object.__setattr__(self, name, f"{p}:{name}")
         object.__setattr__(self, "dead_jobs", f"{p}:dead:jobs")
         object.__setattr__(self, "dedup_exp", f"{p}:dedup:exp")
@@ -259,6 +264,7 @@ class QueueKeys:
             self.jobmeta,
             self.dedup,
             self.dedup_exp,
+            self.replace,
             self.gready,
             self.groups,
             self.gwait,
@@ -269,6 +275,10 @@ class QueueKeys:
     def result(self, job_id: str) -> str:
         """The result key of one job (a string with a TTL)."""
         return f"{self.prefix}:result:{job_id}"
+
+    def progress(self, job_id: str) -> str:
+        """The progress record of one job (a string with a TTL, ``worker/context.py``)."""
+        return f"{self.prefix}:progress:{job_id}"
 
     def done_channel(self, job_id: str) -> str:
         """The pub/sub channel a job's end is announced on."""
@@ -316,6 +326,25 @@ def load_keys(namespace: str, run_id: str) -> LoadKeys:
                          "'-', '_' or '.'")
     prefix = f"{namespace}:{{{namespace}:load:{run_id}}}"
     return LoadKeys(f"{prefix}:meta", f"{prefix}:sum", f"{prefix}:timeline")
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerKeys:
+    """The keys of one circuit breaker (``batchq.breaker``), in its own hash tag
+    ``{NS:breaker:NAME}``: one slot, any node."""
+
+    state: str
+    """Hash: state (closed | open | half_open), until (ms), ok, trips, opened (ms)."""
+    failures: str
+    """Zset: failures within the window, by time (ms)."""
+    probes: str
+    """Zset: half-open probes in flight, by when each lapses (ms)."""
+
+
+def breaker_keys(namespace: str, name: str) -> BreakerKeys:
+    """Key names of breaker ``name`` (checked by ``breaker.check_name``)."""
+    prefix = f"{namespace}:{{{namespace}:breaker:{name}}}"
+    return BreakerKeys(prefix, f"{prefix}:failures", f"{prefix}:probes")
 
 
 def campaigns_key(namespace: str) -> str:

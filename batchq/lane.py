@@ -24,6 +24,10 @@ keeps every behaviour a caller sees:
 * closing the client closes the lane's connection with the others (a pool disconnects
   the connections it lent too), and a forked child never uses its parent's lane.
 
+A connection of a Sentinel-managed pool that was dropped (a ``READONLY`` reply from a
+demoted primary drops it) is connected again through its ``connect()``, which asks the
+Sentinels where the primary is now.
+
 Cluster clients route each command to a node and keep their own connections per node:
 they get no lane (``async_lane`` / ``sync_lane`` return None).
 """
@@ -37,6 +41,7 @@ from typing import Any
 import redis
 import redis.asyncio
 import redis.asyncio.connection as aconn
+import redis.asyncio.sentinel
 
 ASYNC_LANE_CONNECTIONS = 4
 """Connections an asyncio lane holds at most (commands it runs at once)."""
@@ -79,6 +84,10 @@ class AsyncLane:
         try:
             if conn.is_connected:
                 await _acheck(conn)
+            if not conn.is_connected and isinstance(conn, _SENTINEL_CONNECTION):
+                # connect() asks the Sentinels for the primary; the send would connect
+                # to the last host again (a demoted primary: READONLY for ever)
+                await conn.connect()  # type: ignore[no-untyped-call]
             await conn.send_packed_command(conn.pack_command(*args))
             return await conn.read_response()
         finally:
@@ -106,13 +115,17 @@ class SyncLane:
                 conn = self._client.connection_pool.get_connection()
                 self._conn = conn
             else:
-                conn.connect()  # nothing when connected
                 _check(conn)
+                # nothing when connected; after the check dropped it, connect() (not the
+                # send) so that a Sentinel connection asks where the primary is now
+                conn.connect()
             conn.send_packed_command(conn.pack_command(*args))
             return conn.read_response()
         finally:
             self._lock.release()
 
+
+_SENTINEL_CONNECTION = redis.asyncio.sentinel.SentinelManagedConnection
 
 _CHECK_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
 

@@ -22,6 +22,7 @@ from typing import Any
 import redis
 
 from .keys import QueueKeys
+from .scripts import SyncScripts, calls
 
 MAX_GROUP_BYTES = 64
 """The longest group name (UTF-8 bytes); its hex form is part of every job id."""
@@ -181,6 +182,9 @@ class GroupState:
     running: int
     state: str
     until_s: float = 0.0
+    why: str = ""
+    """Why a held group waits: ``"operator"`` or ``"RateLimited"`` (``""``: a rate
+    token, a slot, or unknown)."""
 
 
 def set_limit(r: redis.Redis, k: QueueKeys, limit: Limit) -> Limit:
@@ -235,17 +239,78 @@ def _release_all_waiting(r: redis.Redis, k: QueueKeys, chunk: int = 1000) -> Non
         start += chunk
 
 
-def hold(r: redis.Redis, k: QueueKeys, seconds: float, group: str | None = None) -> None:
-    """Hold a group (or the whole queue) for ``seconds``, as ``RateLimited`` does."""
-    _number("seconds", seconds, 86400.0, integer=False)
-    f = QUEUE_FIELD if group is None else group_hex(check_group(group))
-    now_s, now_us = r.time()
-    until = int(now_s) * 1000 + int(now_us) // 1000 + round(float(seconds) * 1000)
+HOLD_OPERATOR = "operator"
+"""The reason of a hold set by ``Queue.hold`` (``batchq hold``, the console)."""
+HOLD_RATE_LIMITED = "RateLimited"
+"""The reason of a hold set by a handler raising ``RateLimited`` (``release.lua``)."""
+MAX_HOLD_S = 86400.0
+
+
+def _member(group: str | None) -> str:
+    return QUEUE_FIELD if group is None else group_hex(check_group(group))
+
+
+def hold(scripts: SyncScripts, k: QueueKeys, seconds: float, group: str | None = None,
+         why: str = HOLD_OPERATOR) -> float:
+    """Hold a group (or the whole queue) for ``seconds``, as ``RateLimited`` does, with
+    its reason ``why``; a longer hold already set is kept. Returns the seconds left of
+    the hold in force."""
+    _number("seconds", seconds, MAX_HOLD_S, integer=False)
+    left_ms, _ = scripts.call(calls.hold(k, _member(group), round(float(seconds) * 1000),
+                                         why))
+    return max(0.0, int(left_ms) / 1000)
+
+
+def release(scripts: SyncScripts, k: QueueKeys, group: str | None = None) -> float:
+    """End the hold of a group (or of the whole queue) now, whoever set it (an operator
+    or a handler's ``RateLimited``), and wake an idle worker; the group goes back into
+    the rotation on the next pop (or waits again for a slot or token it still lacks).
+    Returns the seconds the hold had left (0.0: there was none)."""
+    left_ms, lifted = scripts.call(calls.hold(k, _member(group), 0, ""))
+    return max(0.0, int(left_ms) / 1000) if int(lifted) else 0.0
+
+
+@dataclass(frozen=True)
+class Holds:
+    """What holds a queue now: a hold of the whole queue (``queue_s`` seconds left, 0:
+    none; ``queue_why``: ``"operator"``, ``"RateLimited"`` or ``""`` when unknown) and
+    how many groups are held (``groups``: holds of a second or more; a group waiting
+    for its next rate token a few ms away is throttled, not held)."""
+
+    queue_s: float = 0.0
+    queue_why: str = ""
+    groups: int = 0
+
+
+def holds(r: redis.Redis, k: QueueKeys) -> Holds:
+    """The ``Holds`` of one queue: two round trips, no scan (a ``ZCOUNT``)."""
+    now_ms = _ms(r.execute_command("TIME"))  # type: ignore[no-untyped-call]
     pipe = r.pipeline(transaction=False)
-    pipe.zadd(k.gwait, {f: until}, gt=True)
-    if group is not None:
-        pipe.zrem(k.groups, f)
-    pipe.execute()
+    pipe.zscore(k.gwait, QUEUE_FIELD)
+    pipe.hget(k.gstate, f"{QUEUE_FIELD}:why")
+    pipe.zcount(k.gwait, now_ms + 1000, f"({BLOCKED:.0f}")
+    until, why, n = pipe.execute()
+    left = 0.0 if until is None or float(until) >= BLOCKED else \
+        max(0.0, (float(until) - now_ms) / 1000)
+    queue_long = 1 if left >= 1 else 0
+    return Holds(left, why_of(why, until) if left else "", max(0, int(n) - queue_long))
+
+
+def why_of(raw: Any, score: Any) -> str:
+    """A hold's reason from its ``gstate`` field (``"<why>@<end ms>"``), or ``""``
+    unless the hold it was written with is the one in force (its ``gwait`` score): a
+    field left from an expired hold names no later wait."""
+    if raw is None or score is None:
+        return ""
+    why, _, end = _text(raw).rpartition("@")
+    try:
+        return why if why and int(end) == int(float(score)) else ""
+    except (TypeError, ValueError, OverflowError):
+        return ""
+
+
+def _ms(now: Any) -> int:
+    return int(now[0]) * 1000 + int(now[1]) // 1000
 
 
 def groups(r: redis.Redis, k: QueueKeys, limit: int = 100) -> list[GroupState]:
@@ -258,10 +323,12 @@ def groups(r: redis.Redis, k: QueueKeys, limit: int = 100) -> list[GroupState]:
     now, active, waiting = pipe.execute()
     now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
     rows: list[tuple[str, str, float]] = [(_text(g), "ready", 0.0) for g in active]
+    scores: dict[str, float] = {}
     for g, score in waiting:
         name = _text(g)
         if name == QUEUE_FIELD:
             continue
+        scores[name] = score
         if score >= BLOCKED:
             rows.append((name, "blocked", 0.0))
         else:
@@ -269,12 +336,13 @@ def groups(r: redis.Redis, k: QueueKeys, limit: int = 100) -> list[GroupState]:
     rows = rows[:limit]
     if not rows:
         return []
-    fields = [f for g, _, _ in rows for f in (f"{g}:n", f"{g}:run")]
+    fields = [f for g, _, _ in rows for f in (f"{g}:n", f"{g}:run", f"{g}:why")]
     vals = r.hmget(k.gstate, fields)
     out = []
     for i, (g, state, until) in enumerate(rows):
-        n, run = (int(v or 0) for v in vals[2 * i : 2 * i + 2])
-        out.append(GroupState(group_name(g), max(n, 0), max(run, 0), state, until))
+        n, run = (int(v or 0) for v in vals[3 * i : 3 * i + 2])
+        why = why_of(vals[3 * i + 2], scores.get(g)) if state == "waiting" else ""
+        out.append(GroupState(group_name(g), max(n, 0), max(run, 0), state, until, why))
     return out
 
 

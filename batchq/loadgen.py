@@ -292,6 +292,7 @@ class LoadState:
     part: int = 0
     parts: int = 1
     """This producer sends the jobs ``part, part + parts, ...`` of the profile."""
+    deadline_s: float | None = None  # nothing is sent after it (``aopen_loop``)
 
     def global_index(self, i: int) -> int:
         return self.part + i * self.parts
@@ -387,6 +388,8 @@ def _schedule(st: LoadState, clock: Callable[[], float], max_batch: int
     ``open_loop`` and ``aopen_loop``, drive it."""
     while st.sent + st.errors < st.total and not st.stopped:
         now = clock()
+        if st.deadline_s is not None and now > st.deadline_s:
+            break
         n = _due(st, now, max_batch)
         if n == 0:
             yield _Wait(st.intended_s(st.sent + st.errors) - now)
@@ -430,12 +433,14 @@ async def aopen_loop(
     profile: Profile | None = None,
     part: tuple[int, int] = (0, 1),
     start_s: float | None = None,
+    deadline_s: float | None = None,
 ) -> LoadState:
     """Send ``rate * duration_s`` jobs on an open-loop schedule (asyncio).
 
     With a ``profile`` its rates and duration replace ``rate`` and ``duration_s``;
     ``part`` ``(k, n)`` sends only the jobs ``k, k + n, ...``; ``start_s`` fixes the
-    first intended send (Unix seconds; else ``lead_s`` from now).
+    first intended send (Unix seconds; else ``lead_s`` from now); ``deadline_s`` ends
+    the sending even with the schedule not through.
 
     ``send(intended, sent_at)`` writes one job per intended time (Unix seconds) and
     ``sent_at`` is when this call began. Jobs that fell due while a send was in
@@ -444,6 +449,7 @@ async def aopen_loop(
     (from ``LoadState``-creating code) to read progress live.
     """
     st = _start(rate, duration_s, lead_s, state, clock, profile, part, start_s)
+    st.deadline_s = deadline_s
     # below ~1,000 jobs/s a send is rare enough to block the loop for its last stretch
     precise = st.rate / st.parts <= 1000
     steps = _schedule(st, clock, max_batch)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 import redis.asyncio
 
+from .durations import check_ms, check_seconds
 from .errors import LockLost, LockNotAcquired
 from .keys import lock_keys
 from .scripts import calls
@@ -52,9 +53,7 @@ WAIT_MAX_S = 1.0
 never past the holder's remaining lease)."""
 
 def _ms(value: float, what: str) -> int:
-    if not isinstance(value, int | float) or not value > 0 or value == float("inf"):
-        raise ValueError(f"{what} must be a positive number of seconds, got {value!r}")
-    return max(1, round(value * 1000))
+    return check_ms(what, value)
 
 
 def token_owner(token: bytes | str | None) -> str | None:
@@ -86,10 +85,8 @@ class Lock:
         self.name = name
         self.keys = lock_keys(clients.namespace, name)
         self.ttl_ms = _ms(ttl_s, "ttl_s")
-        if blocking_timeout_s is not None and not (
-                isinstance(blocking_timeout_s, int | float) and blocking_timeout_s >= 0):
-            raise ValueError(
-                f"blocking_timeout_s must be None or >= 0 seconds, got {blocking_timeout_s!r}")
+        if blocking_timeout_s is not None:
+            check_seconds("blocking_timeout_s", blocking_timeout_s)
         self.blocking_timeout_s = blocking_timeout_s
         if owner is not None and ("/" in owner or not owner):
             raise ValueError(f"invalid lock owner {owner!r}: non-empty, without '/'")

@@ -326,7 +326,8 @@ class QueueCollector:
 
         jobs = GaugeMetricFamily("batchq_queue_jobs", "Jobs by state", labels=["queue", "state"])
         age = GaugeMetricFamily("batchq_queue_oldest_job_age_seconds",
-                                "Age of the oldest ready job", labels=["queue"])
+                                "Age of the oldest ready job (grouped jobs included)",
+                                labels=["queue"])
         lag = GaugeMetricFamily("batchq_queue_delayed_lag_seconds",
                                 "Now minus the oldest due delayed job not yet moved",
                                 labels=["queue"])
@@ -347,6 +348,8 @@ class QueueCollector:
         handed = CounterMetricFamily(
             "batchq_jobs_handed_off", "Jobs an enqueue leased straight to a worker blocked "
             "idle on the queue (the wake-up carried the job)", labels=["queue"])
+        cancelled = CounterMetricFamily("batchq_jobs_cancelled", "Jobs cancelled before they "
+                                        "started, counted as they are dropped", labels=["queue"])
         up = GaugeMetricFamily("batchq_redis_up", "1 if the scrape could read Redis")
         c = self.app.clients
         try:
@@ -364,19 +367,17 @@ class QueueCollector:
         bad_names.add_metric([], len(bad))
         for snap in snaps:
             name, st = snap.name, snap.stats
-            jobs.add_metric([name, "ready"], st.ready)
-            jobs.add_metric([name, "delayed"], st.delayed)
-            jobs.add_metric([name, "reserved"], st.reserved)
-            jobs.add_metric([name, "dead"], st.dead)
+            for state in ("ready", "delayed", "reserved", "dead"):
+                jobs.add_metric([name, state], getattr(st, state))
             age.add_metric([name], st.oldest_age_s)
             lag.add_metric([name], snap.delayed_lag_s)
             paused.add_metric([name], 1 if st.paused else 0)
             malformed.add_metric([name], len(st.malformed_heads))
-            enq.add_metric([name], snap.outcomes["enqueued"])
-            handed.add_metric([name], snap.outcomes["handed"])
+            for fam, o in ((enq, "enqueued"), (handed, "handed"), (cancelled, "cancelled")):
+                fam.add_metric([name], snap.outcomes[o])
             for outcome in ("succeeded", "dead", "retried"):
                 done.add_metric([name, outcome], snap.outcomes[outcome])
-        yield from (jobs, age, lag, paused, malformed, enq, handed, done, bad_names, up)
+        yield from (jobs, age, lag, paused, malformed, enq, handed, cancelled, done, bad_names, up)
         yield from flow_metrics.queue_families(snaps)
         try:  # limits and the groups that wait; never at the cost of the above
             fams = flow_metrics.limit_families(c.redis, {
@@ -411,7 +412,7 @@ class SupervisorCollector:
         procs.add_metric([], int(data.get("processes", 0)))
         restarts = CounterMetricFamily("batchq_worker_restarts", "Worker processes replaced",
                                        labels=["reason"])
-        for reason in ("died", "unresponsive", "recycled"):
+        for reason in ("died", "unresponsive", "recycled", "memory"):
             restarts.add_metric([reason], int(data.get("restarts", {}).get(reason, 0)))
         yield procs
         yield restarts
@@ -483,8 +484,9 @@ def build_registry(app: HasClients, multiproc_dir: str | None) -> Any:
     from prometheus_client import multiprocess as mp
 
     registry = CollectorRegistry()
+    from .breaker import BreakerCollector
     collectors: list[Collector] = [QueueCollector(app), CampaignCollector(app),
-                                   BuildInfoCollector()]
+                                   BuildInfoCollector(), BreakerCollector(app)]
     if multiproc_dir:
         mp.MultiProcessCollector(registry, path=multiproc_dir)  # type: ignore[no-untyped-call]
         collectors.append(SupervisorCollector(os.path.join(multiproc_dir, SUPERVISOR_FILE)))

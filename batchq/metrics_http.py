@@ -5,6 +5,12 @@ Under a flood of scrapes it stays answerable: one asyncio loop instead of a thre
 connection, a deep listen backlog, /healthz answered on the loop without waiting for
 anything, and concurrent /metrics requests sharing one collection at a time
 (``SharedScrape``) instead of each reading Redis. What is collected is ``metrics.py``'s.
+
+Clients that connect and send nothing cannot use up the process's descriptors (the
+supervisor's metrics process also serves the console): open connections are capped
+(``connlimit``; ``$BATCHQ_METRICS_MAX_CONNECTIONS``), at the cap the oldest one still
+waiting for its request is closed to admit a new one, and a request not received
+within ``REQUEST_TIMEOUT_S`` is dropped.
 """
 
 from __future__ import annotations
@@ -19,13 +25,12 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 
+from .connlimit import REFUSAL, ConnectionGate, accept_batch, deepen, max_connections_from
 from .metrics import HasClients, build_registry
 
 log = logging.getLogger("batchq.metrics")
 
-LISTEN_BACKLOG = 1024
-"""Pending connections the kernel keeps for the metrics server (the standard library's
-default of 5 made a probe wait behind a flood of scrapes, for up to a minute)."""
+MAX_CONNECTIONS_ENV = "BATCHQ_METRICS_MAX_CONNECTIONS"
 
 REQUEST_TIMEOUT_S = 10.0
 """A client that has not sent its request after this long is dropped."""
@@ -82,15 +87,21 @@ class MetricsServer:
     ``server_close`` / ``server_address`` as on a ``socketserver`` server."""
 
     def __init__(self, app: HasClients, addr: str, port: int, *,
-                 multiproc_dir: str | None, parent_pid: int | None) -> None:
+                 multiproc_dir: str | None, parent_pid: int | None,
+                 max_connections: int | None = None) -> None:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         self._app = app
         self._parent_pid = parent_pid
         self._ctype = CONTENT_TYPE_LATEST
+        self._gate = ConnectionGate("metrics server", max_connections_from(
+            max_connections, MAX_CONNECTIONS_ENV, log), log)
+        # asyncio accepts up to the backlog at once: bounded so a burst cannot overshoot
+        # the cap (the kernel's queue is deepened once serving)
+        self._backlog = accept_batch(self._gate.max_connections)
         family = socket.AF_INET6 if ":" in addr else socket.AF_INET
         self._sock = socket.create_server((addr, port), family=family,
-                                          backlog=LISTEN_BACKLOG)
+                                          backlog=self._backlog)
         self.server_address: tuple[str, int] = self._sock.getsockname()[:2]
         self._pool = ThreadPoolExecutor(4, thread_name_prefix="batchq-metrics-io")
         single = None if multiproc_dir else build_registry(app, None)
@@ -111,8 +122,10 @@ class MetricsServer:
     async def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
         self._stop = asyncio.Event()
         self._loop = loop
+        loop.set_exception_handler(self._gate.exception_handler)
         server = await asyncio.start_server(self._handle, sock=self._sock,
-                                            limit=MAX_REQUEST_BYTES)
+                                            limit=MAX_REQUEST_BYTES, backlog=self._backlog)
+        deepen(self._sock)
         async with server:
             await self._stop.wait()
 
@@ -130,8 +143,13 @@ class MetricsServer:
 
     async def _handle(self, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> None:
+        if not self._gate.opened(writer, writer.transport.abort):
+            writer.write(REFUSAL)
+            writer.close()
+            return
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT_S)
+            self._gate.busy(writer)
             method, _, rest = head.partition(b" ")
             path = rest.partition(b" ")[0].partition(b"?")[0].decode("latin-1")
             if method != b"GET":
@@ -147,6 +165,7 @@ class MetricsServer:
                 ConnectionError, OSError):
             pass  # a client that went away or never finished its request
         finally:
+            self._gate.closed(writer)
             writer.close()
 
     async def _route(self, path: str) -> tuple[int, bytes, str]:
@@ -176,10 +195,12 @@ _REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed",
 
 
 def make_server(app: HasClients, addr: str, port: int, *, multiproc_dir: str | None,
-                parent_pid: int | None) -> MetricsServer:
+                parent_pid: int | None, max_connections: int | None = None) -> MetricsServer:
     """An HTTP server for /metrics, /healthz (the supervisor is alive) and /readyz
-    (Redis answers)."""
-    return MetricsServer(app, addr, port, multiproc_dir=multiproc_dir, parent_pid=parent_pid)
+    (Redis answers). ``max_connections``: open connections at most (default
+    ``$BATCHQ_METRICS_MAX_CONNECTIONS``, else derived from the file limit)."""
+    return MetricsServer(app, addr, port, multiproc_dir=multiproc_dir, parent_pid=parent_pid,
+                         max_connections=max_connections)
 
 
 def serve_in_thread(app: HasClients, addr: str, port: int) -> MetricsServer | None:

@@ -7,12 +7,12 @@ re-exports these names) to keep each module small.
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from . import codec, tracked
+from .durations import MAX_DURATION_S, check_seconds
 from .keys import MAX_PRIORITY, QueueKeys
 from .limits import check_group
 
@@ -20,19 +20,18 @@ MAX_DELAY_S = 100 * 365 * 86400
 """The longest ``delay_s`` accepted (about 100 years): due times stay exact integers in
 the scripts' arithmetic and a typo (``delay_s=1e30``) is caught at enqueue."""
 
+ON_CONFLICT = ("keep", "replace", "debounce")
+"""What a keyed enqueue does when its key is held by a job still waiting: ``keep`` it
+(the call writes nothing), ``replace`` its arguments in place (latest wins), or
+``debounce``: replace them and push its start to ``delay_s`` after this call."""
+
 MAX_ETA_S = 253402300799
 """The latest ``eta`` accepted (Unix seconds): the end of year 9999, as ``datetime``."""
 
 
 def _check_seconds(name: str, value: object, hi: float) -> float:
     """A finite, non-negative number of seconds up to ``hi``, or an error naming it."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__} "
-                        f"{value!r}")
-    if not math.isfinite(value) or not 0 <= value <= hi:
-        raise ValueError(f"{name} must be a finite number of seconds in 0..{hi:g}, got "
-                         f"{value!r}")
-    return float(value)
+    return check_seconds(name, value, max_s=hi)
 
 
 def _check_queue(name: str, value: object) -> str:
@@ -97,6 +96,9 @@ class EnqueueOptions:
     key: str | None = None
     key_ttl_s: float | None = None
     group: str | None = None
+    timeout_s: float | None = None
+    on_conflict: str | None = None
+    min_replicas: int | None = None
 
     def __post_init__(self) -> None:
         # every check names the option: a wrong value must never reach the worker
@@ -117,9 +119,15 @@ class EnqueueOptions:
         if self.key is not None:
             tracked.check_key(self.key)
         if self.key_ttl_s is not None:
-            _check_seconds("key_ttl_s", self.key_ttl_s, MAX_DELAY_S)
+            _check_seconds("key_ttl_s", self.key_ttl_s, MAX_DURATION_S)
         if self.group is not None:
             check_group(self.group)
+        if self.timeout_s is not None:
+            check_seconds("timeout_s", self.timeout_s, positive=True)
+        if self.min_replicas is not None:
+            codec.check_int("min_replicas", self.min_replicas, 0, 100)
+        if self.on_conflict is not None:
+            check_on_conflict(self.on_conflict)
 
     def merged(self, other: EnqueueOptions) -> EnqueueOptions:
         """These options with the fields ``other`` sets taking precedence."""
@@ -136,4 +144,17 @@ class EnqueueOptions:
             key=other.key if other.key is not None else self.key,
             key_ttl_s=other.key_ttl_s if other.key_ttl_s is not None else self.key_ttl_s,
             group=other.group if other.group is not None else self.group,
+            timeout_s=other.timeout_s if other.timeout_s is not None else self.timeout_s,
+            on_conflict=other.on_conflict if other.on_conflict is not None
+            else self.on_conflict,
+            min_replicas=other.min_replicas if other.min_replicas is not None
+            else self.min_replicas,
         )
+
+
+def check_on_conflict(value: object) -> str:
+    """One of ``ON_CONFLICT``, else an error naming the value."""
+    if value not in ON_CONFLICT:
+        raise ValueError(f"on_conflict must be one of {', '.join(ON_CONFLICT)}, got "
+                         f"{value!r}")
+    return str(value)

@@ -47,6 +47,7 @@ import redis.asyncio
 from redis.exceptions import RedisClusterException
 
 from . import producer
+from .durations import MAX_DURATION_S, check_seconds
 from .errors import LockLost
 from .keys import queues_key
 from .lock import Lock, holder, token_owner
@@ -83,6 +84,14 @@ LEASE_S = 5.0
 DEFAULT_GRACE_S = 3 * LEASE_S
 """A tick found at most this late still runs (covers a takeover and a slow start)."""
 
+CRON_MAX_GAP_YEARS = 10
+"""A cron schedule must match at least once in this many years, before and after now
+(29 February matches every 4 to 8 years; 30 February never): checked at registration."""
+
+SCHEDULE_ERROR_LOG_S = 60.0
+"""A schedule whose computation fails is logged at most once per this many seconds
+(it is retried at every round; the other schedules go on)."""
+
 _REDIS_ERRORS = (redis.RedisError, RedisClusterException, OSError, RuntimeError)
 """What a scheduler survives (logged, then retried with backoff): it never ends the
 worker it runs in."""
@@ -117,9 +126,10 @@ class Schedule:
                              f"{self.cron!r}")
         if self.every_s is not None and not (
                 isinstance(self.every_s, int | float) and math.isfinite(self.every_s)
-                and self.every_s >= 1):
+                and 1 <= self.every_s <= MAX_DURATION_S):
             raise ValueError(f"periodic task {self.name!r}: every_s must be a number of "
-                             f"seconds >= 1, got {self.every_s!r}")
+                             f"seconds >= 1 and <= {MAX_DURATION_S} (10 years), got "
+                             f"{self.every_s!r}")
         try:
             self.zone  # noqa: B018 - validates the time zone now, not at the first tick
         except (ZoneInfoNotFoundError, ValueError, TypeError):
@@ -128,6 +138,30 @@ class Schedule:
         if not (isinstance(self.grace_s, int | float) and self.grace_s >= 0):
             raise ValueError(f"periodic task {self.name!r}: grace_s must be >= 0 seconds, "
                              f"got {self.grace_s!r}")
+        try:
+            check_seconds("grace_s", self.grace_s)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"periodic task {self.name!r}: {exc}") from None
+        if self.cron is not None:
+            self._check_fires()
+
+    def _check_fires(self) -> None:
+        """A cron expression that is valid but never fires (30 February) would make the
+        scheduler's every look fail: refused now, from a search bounded by
+        ``CRON_MAX_GAP_YEARS`` both ways (croniter's own)."""
+        assert self.cron is not None
+        start = datetime.now(self.zone)
+        try:
+            it = _croniter()(self.cron, start,
+                             max_years_between_matches=CRON_MAX_GAP_YEARS)
+            it.get_next(float)
+            it = _croniter()(self.cron, start,
+                             max_years_between_matches=CRON_MAX_GAP_YEARS)
+            it.get_prev(float)
+        except Exception as exc:  # croniter's CroniterBadDateError, or anything it raises
+            raise ValueError(f"periodic task {self.name!r}: cron expression {self.cron!r} "
+                             f"never fires (no time matches it within "
+                             f"{CRON_MAX_GAP_YEARS} years: {exc})") from None
 
     @property
     def name(self) -> str:
@@ -224,6 +258,7 @@ class Scheduler:
         self._done: dict[str, int] = {}  # task -> latest tick the script answered for
         self._renew_at = 0.0  # monotonic
         self._registered: set[str] = set()
+        self._failed_at: dict[str, float] = {}  # task -> when its failure was logged
 
     @property
     def is_leader(self) -> bool:
@@ -249,6 +284,10 @@ class Scheduler:
                 except _REDIS_ERRORS as exc:
                     log.warning("periodic scheduler %s: Redis error (%s); retrying in %.1fs",
                                 self.owner, exc, backoff_s)
+                    wait_s, backoff_s = backoff_s, min(backoff_s * 2, 5.0)
+                except Exception:  # a bug must not end scheduling in this process
+                    log.exception("periodic scheduler %s: unexpected error; retrying in "
+                                  "%.1fs", self.owner, backoff_s)
                     wait_s, backoff_s = backoff_s, min(backoff_s * 2, 5.0)
                 await _sleep(stop, wait_s)
         finally:
@@ -283,10 +322,20 @@ class Scheduler:
         t_local = time.monotonic()
         wait_ms = 3_600_000
         for s in scheds:
-            due = s.latest_tick_ms(now_ms)
-            nxt = s.next_tick_ms(now_ms)
+            try:
+                due = s.latest_tick_ms(now_ms)
+                nxt = s.next_tick_ms(now_ms)
+            except Exception as exc:  # one broken schedule must not stop the others
+                self._failed(s, exc)
+                continue
             if self._done.get(s.name, -1) < due:
-                code, value = await self._fire(s, due, nxt, now_ms)
+                try:
+                    code, value = await self._fire(s, due, nxt, now_ms)
+                except (LockLost, *_REDIS_ERRORS):
+                    raise  # the round's concern: backoff, or step down
+                except Exception as exc:
+                    self._failed(s, exc)
+                    continue
                 if code == -1:  # this node's clock is behind the one we asked: soon
                     wait_ms = min(wait_ms, int(value) + 2)
                     continue
@@ -301,6 +350,16 @@ class Scheduler:
             wait_ms = min(wait_ms, nxt - now_ms)
         # +2 ms: wake just after the tick, not just before it
         return (max(wait_ms, 0) + 2) / 1000 - (time.monotonic() - t_local)
+
+    def _failed(self, s: Schedule, exc: Exception) -> None:
+        """Schedule ``s`` could not be computed or enqueued: skipped this round (the
+        others go on), logged at most once per ``SCHEDULE_ERROR_LOG_S``."""
+        now = time.monotonic()
+        if now - self._failed_at.get(s.name, -SCHEDULE_ERROR_LOG_S) < SCHEDULE_ERROR_LOG_S:
+            return
+        self._failed_at[s.name] = now
+        log.error("periodic %s (%s): skipped, its schedule failed: %s: %s; the other "
+                  "schedules go on", s.name, s.text, type(exc).__name__, exc)
 
     async def _fire(self, s: Schedule, due: int, nxt: int, now_ms: int) -> tuple[int, int]:
         app = self.app

@@ -14,10 +14,11 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from . import codec, tracked
+from .durations import check_seconds
 from .errors import PayloadTooLarge
 from .keys import QueueKeys
 from .limits import check_group, group_hex
-from .options import MAX_DELAY_S, _check_queue, _check_seconds, eta_seconds
+from .options import MAX_DELAY_S, _check_queue, _check_seconds, check_on_conflict, eta_seconds
 from .scripts import calls
 from .seqs import entry_runs
 
@@ -49,6 +50,13 @@ class Plan:
     tracked: bool = False
     """Written by enqueue_tracked.lua (a campaign or dedup keys): ids end in "_m", and
     ``entries`` lists alternate entry, dedup key ("" for none)."""
+    opts: Mapping[str, Any] | None = None
+    """Per-job options carried in each body (``{"timeout_s": ...}``), None for none."""
+    on_conflict: str = "keep"
+    """A held dedup key whose job still waits: ``keep``, ``replace`` or ``debounce``
+    (``options.ON_CONFLICT``; enqueue_tracked.lua)."""
+    min_replicas: int | None = None
+    """Replicas that must confirm each write (``replicas.py``); None: the app's."""
 
     @property
     def target(self) -> str:
@@ -60,7 +68,7 @@ class Plan:
         due_ms = None
         if self.due is not None:
             due_ms = now_ms + self.due[1] if self.due[0] == "rel" else self.due[1]
-        b = codec.encode_body(self.task, args, kwargs, now_ms, due_ms)
+        b = codec.encode_body(self.task, args, kwargs, now_ms, due_ms, self.opts)
         if len(self.head) + codec.MIN_ID_LEN + 1 + len(b) > self.max_payload:
             self._check_size(len(self.head) + codec.MIN_ID_LEN + 1 + len(b))
         return b
@@ -104,7 +112,8 @@ class Plan:
             mode, when = self.due or ("ready", 0)
             c = calls.enqueue_tracked(self.keys, p, mode, when, self.campaign or "",
                                       self.key_ttl_ms, tracked.TRIM_CHUNK, entries,
-                                      check=check)
+                                      check=check, on_conflict=self.on_conflict,
+                                      scan=tracked.REPLACE_SCAN)
             return c.keys, c.args
         runs = entry_runs(self.head, entries) if self.due is None else ""
         if self.group:
@@ -120,10 +129,13 @@ class Plan:
 def plan(src: PlanSource, task: str, queue: str, priority: int, max_attempts: int,
          delay_s: float | None, eta: datetime | float | None, *,
          campaign: str | None = None, key_ttl_s: float | None = None,
-         keyed: bool = False, group: str | None = None) -> Plan:
+         keyed: bool = False, group: str | None = None, timeout_s: float | None = None,
+         on_conflict: str | None = None) -> Plan:
     """Resolve one enqueue call's target and header; refuses (naming the option) any
     value the scripts or the worker could not handle. ``campaign`` / ``keyed`` (dedup
-    keys given) make the jobs tracked; ``group``: the jobs' group (flow control)."""
+    keys given) make the jobs tracked; ``group``: the jobs' group (flow control);
+    ``timeout_s``: each job's own timeout; ``on_conflict``: what a held key does
+    (``options.ON_CONFLICT``)."""
     due: tuple[str, int] | None = None
     if delay_s is not None and _check_seconds("delay_s", delay_s, MAX_DELAY_S) > 0:
         due = ("rel", round(delay_s * 1000))
@@ -132,8 +144,18 @@ def plan(src: PlanSource, task: str, queue: str, priority: int, max_attempts: in
         due = ("abs", round(eta_seconds(eta) * 1000))
     ttl_s = tracked.DEFAULT_KEY_TTL_S if key_ttl_s is None else \
         _check_seconds("key_ttl_s", key_ttl_s, MAX_DELAY_S)
+    mode = "keep" if on_conflict is None else check_on_conflict(on_conflict)
+    if mode != "keep" and not keyed:
+        raise ValueError(f"on_conflict={mode!r} needs a dedup key (options(key=...), or "
+                         "key_fn for enqueue_many)")
+    if mode == "debounce" and due is None:
+        raise ValueError("on_conflict='debounce' needs delay_s (or eta): the job starts "
+                         "that long after the latest call")
+    opts = None
+    if timeout_s is not None:
+        opts = {"timeout_s": check_seconds("timeout_s", timeout_s, positive=True)}
     return Plan(src.keys(_check_queue("queue", queue)), codec.header(priority, max_attempts),
                  task, due, src.max_payload_bytes, codec.queue_ref(queue),
                  None if campaign is None else tracked.check_campaign_id(campaign),
                  round(ttl_s * 1000), "" if group is None else group_hex(check_group(group)),
-                 campaign is not None or keyed)
+                 campaign is not None or keyed, opts, mode)

@@ -19,6 +19,7 @@ takes the app's ``Clients`` and never imports ``app``.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,9 +28,14 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from . import tracked
+from . import replicas, tracked
 from .clients import Clients
-from .errors import CampaignClosed, EnqueueError, QuotaExceeded
+from .durable import durability as _durability
+from .durable import named as _named
+from .durable import unconfirmed as _unconfirmed
+from .durable import write_async as _write_async
+from .durable import write_sync as _write_sync
+from .errors import CampaignClosed, EnqueueError, NotReplicated, QuotaExceeded
 from .options import (
     MAX_DELAY_S,
     Call,
@@ -49,6 +55,11 @@ __all__ = ["CHUNK", "MAX_DELAY_S", "WINDOW", "Call", "EnqueueOptions", "KeyFn", 
 RETRY_DELAYS_S = (0.05, 0.2, 0.5, 1.0, 2.0)
 """Backoff between tries of a write whose connection failed (about 4 s in all)."""
 
+SENTINEL_RETRY_DELAYS_S = (*RETRY_DELAYS_S, *(2.0,) * 8)
+"""The same behind Sentinels (about 20 s, each pause jittered by +-25 %): no primary is
+known until the Sentinels agree the old one is down (``down-after-milliseconds``) and
+promote a replica, and a fleet of producers should not ask them in step."""
+
 _RETRY_WRITE_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.TryAgainError,
                 redis.exceptions.ClusterError, RuntimeError)
 """Errors after which a write is retried (in check mode): a lost connection (under uvloop
@@ -59,12 +70,15 @@ script did not run)."""
 # --- the retry loop: one core, two shells ----------------------------------------------
 
 
-def _tries(p: Plan, entries: list[bytes]) -> Iterator[tuple[float, list[str], list[Any]]]:
+def _tries(c: Clients, p: Plan, entries: list[bytes]
+           ) -> Iterator[tuple[float, list[str], list[Any]]]:
     """The tries of one write: (pause before it, keys, args). Every try after the first
     is in check mode, so a try whose reply was lost is not written twice."""
-    for attempt, pause in enumerate((0.0, *RETRY_DELAYS_S)):
+    sentinel = c.settings.sentinel
+    for attempt, pause in enumerate((0.0, *(SENTINEL_RETRY_DELAYS_S if sentinel
+                                            else RETRY_DELAYS_S))):
         keys, args = p.script_args(entries, check=attempt > 0)
-        yield pause, keys, args
+        yield pause * random.uniform(0.75, 1.25) if sentinel else pause, keys, args
 
 
 def _refused(p: Plan, exc: redis.ResponseError) -> EnqueueError:
@@ -80,12 +94,12 @@ def _unreachable(p: Plan, last: BaseException | None, n: int) -> EnqueueError:
 
 def _with_retry_sync(c: Clients, p: Plan, entries: list[bytes]) -> Any:
     last: BaseException | None = None
-    for pause, keys, args in _tries(p, entries):
+    for pause, keys, args in _tries(c, p, entries):
         if pause:
             time.sleep(pause)
         try:
             c.register_queue(p.keys.queue)  # once per process; retried like the write
-            return _quota_checked(p, c.sync_scripts.by_name[p.script](keys, args))
+            return _quota_checked(p, _write_sync(c, p, keys, args))
         except _RETRY_WRITE_ERRORS as exc:
             last = exc
         except redis.ResponseError as exc:  # e.g. OOM: the script did not run
@@ -97,10 +111,13 @@ def _write_tracked_sync(c: Clients, p: Plan, ids: list[str], entries: list[bytes
                         ) -> list[str]:
     """One tracked write (joining the campaign to the queue first, once per process)."""
     for again in (False, True):
+        closed = None
         if p.campaign is not None:
-            tracked.join(c, p.campaign, p.keys.queue)
+            closed = tracked.join(c, p.campaign, p.keys.queue, keyed=tracked.keyed(entries))
         try:
-            return tracked.ids_of(p.campaign, ids, _with_retry_sync(c, p, entries))
+            return tracked.ids_of(p.campaign, ids, _with_retry_sync(c, p, entries), closed)
+        except NotReplicated as exc:
+            raise _named(exc, ids) from None
         except tracked.NotJoined:
             tracked.forget(c, p.campaign or "", p.keys.queue)
             if again:
@@ -111,11 +128,22 @@ def _write_tracked_sync(c: Clients, p: Plan, ids: list[str], entries: list[bytes
 
 def enqueue(c: Clients, p: Plan, args: Any, kwargs: Mapping[str, Any],
             key: str | None = None) -> str:
+    if c.otel is not None:  # traced (batchq.otel): the same write, in a send span
+        with c.otel.send(p) as sent:
+            return sent.one(_enqueue(c, p, args, kwargs, key))
+    return _enqueue(c, p, args, kwargs, key)
+
+
+def _enqueue(c: Clients, p: Plan, args: Any, kwargs: Mapping[str, Any],
+             key: str | None = None) -> str:
     jid, e = p.entry(args, kwargs, int(time.time() * 1000),
                      SeqSource(c, p.keys) if p.due is None else None)
     if p.tracked:
         return _write_tracked_sync(c, p, [jid], [e, (key or "").encode()])[0]
-    _with_retry_sync(c, p, [e])
+    try:
+        _with_retry_sync(c, p, [e])
+    except NotReplicated as exc:
+        raise _named(exc, [jid]) from None
     return jid
 
 
@@ -127,17 +155,28 @@ class _InFlight:
 
     def __init__(self) -> None:
         self._pool: ThreadPoolExecutor | None = None
-        self._job: tuple[Window, Future[list[Any]]] | None = None
+        self._job: tuple[Window, Future[tuple[list[Any], int]]] | None = None
+        self._closed: dict[str, CampaignClosed] = {}
+        self._durable: tuple[Clients, replicas.Durability] | None = None
 
     def send(self, c: Clients, rest: Window) -> None:
-        _prepare_sync(c, rest)
+        self._closed = _prepare_sync(c, rest)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="batchq-enqueue")
+        d = _durability(c, rest[0][0])
+        if d.min_replicas:  # the window and a WAIT on one connection
+            self._durable = c, d
+            items: list[replicas.Item] = []
+            for cp, _, entries in rest:
+                keys, args = cp.script_args(entries, check=False)
+                items.append((c.sync_scripts.by_name[cp.script], keys, args))
+            self._job = rest, self._pool.submit(replicas.run_sync, c.redis, items, d)
+            return
         pipe = c.redis.pipeline(transaction=False)
         for cp, _, entries in rest:
             keys, args = cp.script_args(entries, check=False)
             c.sync_scripts.by_name[cp.script](keys, args, client=pipe)
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="batchq-enqueue")
-        self._job = rest, self._pool.submit(run_pipeline, pipe, c.redis)
+        self._job = rest, self._pool.submit(_unwaited, pipe, c.redis)
 
     def wait(self, st: Stream) -> None:
         """Record the window on the wire, if any (``EnqueueError`` if it failed)."""
@@ -146,10 +185,15 @@ class _InFlight:
         rest, fut = self._job
         self._job = None
         try:
-            results = fut.result()
+            results, acked = fut.result()
         except _RETRY_WRITE_ERRORS as exc:
             raise st.lost(rest, exc) from exc
-        st.record(rest, results)
+        before = len(st.written)
+        st.record(rest, results, self._closed)
+        if self._durable is not None and acked < self._durable[1].min_replicas:
+            c, d = self._durable
+            short = _unconfirmed(rest[0][0], d, acked, replicas.replicas_present(c.redis))
+            raise _named(short, st.written[before:], st.written[:before])
 
     def close(self) -> None:
         """Let a window still on the wire finish (its jobs are then in Redis, unrecorded:
@@ -159,25 +203,54 @@ class _InFlight:
             self._pool = None
 
 
-def _prepare_sync(c: Clients, rest: Window) -> None:
+def _unwaited(pipe: Any, client: redis.Redis) -> tuple[list[Any], int]:
+    """``run_pipeline`` without replicas to wait for (0 confirmed, none wanted)."""
+    return run_pipeline(pipe, client), 0
+
+
+def _keyed(rest: Window, queue: str) -> bool:
+    return all(tracked.keyed(entries) for cp, _, entries in rest if cp.keys.queue == queue)
+
+
+def _prepare_sync(c: Clients, rest: Window) -> dict[str, CampaignClosed]:
     """Before a pipelined window: register each shard it writes to (and join a campaign
-    to it), once per process, as the single call does for its own queue."""
+    to it), once per process, as the single call does for its own queue. Returns, by
+    queue, a closed campaign that may still answer held keys (``tracked.join``)."""
+    closed = {}
     for cp in {cp.keys.queue: cp for cp, _, _ in rest}.values():
         c.register_queue(cp.keys.queue)
         if cp.campaign is not None:
-            tracked.join(c, cp.campaign, cp.keys.queue)
+            shut = tracked.join(c, cp.campaign, cp.keys.queue,
+                                keyed=_keyed(rest, cp.keys.queue))
+            if shut is not None:
+                closed[cp.keys.queue] = shut
+    return closed
 
 
-async def _prepare_async(c: Clients, rest: Window) -> None:
+async def _prepare_async(c: Clients, rest: Window) -> dict[str, CampaignClosed]:
+    closed = {}
     for cp in {cp.keys.queue: cp for cp, _, _ in rest}.values():
         await c.aregister_queue(cp.keys.queue)
         if cp.campaign is not None:
-            await tracked.ajoin(c, cp.campaign, cp.keys.queue)
+            shut = await tracked.ajoin(c, cp.campaign, cp.keys.queue,
+                                       keyed=_keyed(rest, cp.keys.queue))
+            if shut is not None:
+                closed[cp.keys.queue] = shut
+    return closed
 
 
 def enqueue_many(c: Clients, p: Plan, items: Iterable[Any],
                  key_fn: KeyFn | None = None, spread: list[Plan] | None = None
                  ) -> list[str]:
+    if c.otel is not None:  # traced (batchq.otel): the same writes, in one send span
+        with c.otel.send(p) as sent:
+            return sent.many(_enqueue_many(c, p, items, key_fn, spread))
+    return _enqueue_many(c, p, items, key_fn, spread)
+
+
+def _enqueue_many(c: Clients, p: Plan, items: Iterable[Any],
+                  key_fn: KeyFn | None = None, spread: list[Plan] | None = None
+                  ) -> list[str]:
     """``spread``: the plans of a sharded queue's shards, written to chunk by chunk in
     turn (``p`` is then ignored)."""
     plans = spread or [p]
@@ -197,13 +270,15 @@ def enqueue_many(c: Clients, p: Plan, items: Iterable[Any],
                 break
             single, rest = step
             if single is not None:
-                sp = single[0]
+                sp, chunk_ids = single[0], single[1]
                 try:
                     if sp.tracked:
-                        st.written.extend(_write_tracked_sync(c, sp, *single[1:]))
+                        st.tracked(single[1], _write_tracked_sync(c, sp, *single[1:]))
                         single = None
                     else:
                         _with_retry_sync(c, sp, single[2])
+                except NotReplicated as exc:
+                    raise _named(exc, chunk_ids, st.written) from None
                 except QuotaExceeded:
                     _quota_checked(sp, -2, st.written)
                 except EnqueueError as exc:
@@ -221,14 +296,13 @@ def enqueue_many(c: Clients, p: Plan, items: Iterable[Any],
 
 
 async def _with_retry_async(c: Clients, p: Plan, entries: list[bytes]) -> Any:
-    scripts = c.async_scripts()
     last: BaseException | None = None
-    for pause, keys, args in _tries(p, entries):
+    for pause, keys, args in _tries(c, p, entries):
         if pause:
             await asyncio.sleep(pause)
         try:
             await c.aregister_queue(p.keys.queue)  # once per process; retried like the write
-            return _quota_checked(p, await scripts.by_name[p.script](keys, args))
+            return _quota_checked(p, await _write_async(c, p, keys, args))
         except _RETRY_WRITE_ERRORS as exc:
             last = exc
         except redis.ResponseError as exc:  # e.g. OOM: the script did not run
@@ -301,6 +375,10 @@ def coalescer(c: Clients) -> Coalescer:
 
 def _own_copy(exc: Exception, shared_by: int) -> Exception:
     """One exception object per waiting caller (tracebacks are per raise)."""
+    if isinstance(exc, NotReplicated):
+        copy = NotReplicated(str(exc), ids=[], confirmed=exc.confirmed, wanted=exc.wanted)
+        copy.__cause__ = exc.__cause__
+        return copy
     if isinstance(exc, EnqueueError):
         note = f" (one script call carried {shared_by} jobs)" if shared_by > 1 else ""
         own = EnqueueError(f"{exc}{note}", unknown=1 if exc.unknown else 0)
@@ -313,10 +391,15 @@ async def _write_tracked_async(c: Clients, p: Plan, ids: list[str], entries: lis
                                ) -> list[str]:
     """``_write_tracked_sync`` for asyncio code (tracked jobs skip the coalescer)."""
     for again in (False, True):
+        closed = None
         if p.campaign is not None:
-            await tracked.ajoin(c, p.campaign, p.keys.queue)
+            closed = await tracked.ajoin(c, p.campaign, p.keys.queue,
+                                         keyed=tracked.keyed(entries))
         try:
-            return tracked.ids_of(p.campaign, ids, await _with_retry_async(c, p, entries))
+            return tracked.ids_of(p.campaign, ids, await _with_retry_async(c, p, entries),
+                                  closed)
+        except NotReplicated as exc:
+            raise _named(exc, ids) from None
         except tracked.NotJoined:
             tracked.forget(c, p.campaign or "", p.keys.queue)
             if again:
@@ -327,18 +410,38 @@ async def _write_tracked_async(c: Clients, p: Plan, ids: list[str], entries: lis
 
 async def aenqueue(c: Clients, p: Plan, args: Any, kwargs: Mapping[str, Any],
                    key: str | None = None) -> str:
+    if c.otel is not None:  # traced (batchq.otel): the same write, in a send span
+        with c.otel.send(p) as sent:
+            return sent.one(await _aenqueue(c, p, args, kwargs, key))
+    return await _aenqueue(c, p, args, kwargs, key)
+
+
+async def _aenqueue(c: Clients, p: Plan, args: Any, kwargs: Mapping[str, Any],
+                    key: str | None = None) -> str:
     body = p.body(args, kwargs, int(time.time() * 1000))  # a bad job reserves nothing
     runs = await areserve(c, p.keys, 1) if p.due is None else []
     jid, e = p.finish(body, SeqSource(c, p.keys, runs))
     if p.tracked:
         return (await _write_tracked_async(c, p, [jid], [e, (key or "").encode()]))[0]
-    await coalescer(c).submit(c, p, e)
+    try:
+        await coalescer(c).submit(c, p, e)
+    except NotReplicated as exc:
+        raise _named(exc, [jid]) from None
     return jid
 
 
 async def aenqueue_many(c: Clients, p: Plan, items: Iterable[Any],
                         key_fn: KeyFn | None = None, spread: list[Plan] | None = None
                         ) -> list[str]:
+    if c.otel is not None:  # traced (batchq.otel): the same writes, in one send span
+        with c.otel.send(p) as sent:
+            return sent.many(await _aenqueue_many(c, p, items, key_fn, spread))
+    return await _aenqueue_many(c, p, items, key_fn, spread)
+
+
+async def _aenqueue_many(c: Clients, p: Plan, items: Iterable[Any],
+                         key_fn: KeyFn | None = None, spread: list[Plan] | None = None
+                         ) -> list[str]:
     items = list(items)  # its length: the sequence numbers are reserved up front
     plans = spread or [p]
     n_chunks = -(-len(items) // CHUNK)
@@ -351,13 +454,15 @@ async def aenqueue_many(c: Clients, p: Plan, items: Iterable[Any],
     st = Stream(sources, key_fn)
     for single, rest in st.steps(items):
         if single is not None:
-            sp = single[0]
+            sp, chunk_ids = single[0], single[1]
             try:
                 if sp.tracked:
-                    st.written.extend(await _write_tracked_async(c, sp, *single[1:]))
+                    st.tracked(single[1], await _write_tracked_async(c, sp, *single[1:]))
                     single = None
                 else:
                     await _with_retry_async(c, sp, single[2])
+            except NotReplicated as exc:
+                raise _named(exc, chunk_ids, st.written) from None
             except QuotaExceeded:
                 _quota_checked(sp, -2, st.written)
             except EnqueueError as exc:
@@ -365,15 +470,28 @@ async def aenqueue_many(c: Clients, p: Plan, items: Iterable[Any],
             if single is not None:
                 st.written.extend(single[1])
         if rest:
-            await _prepare_async(c, rest)
+            closed = await _prepare_async(c, rest)
             scripts = c.async_scripts()
+            d = _durability(c, rest[0][0])
             pipe = c.async_redis().pipeline(transaction=False)
+            calls: list[replicas.Item] = []
             for cp, _, entries in rest:
                 keys, args = cp.script_args(entries, check=False)
-                await scripts.by_name[cp.script](keys, args, client=pipe)
+                if d.min_replicas:
+                    calls.append((scripts.by_name[cp.script], keys, args))
+                else:
+                    await scripts.by_name[cp.script](keys, args, client=pipe)
             try:
-                results = await arun_pipeline(pipe, c.async_redis())
+                if d.min_replicas:
+                    results, acked = await replicas.run_async(c.async_redis(), calls, d)
+                else:
+                    results, acked = await arun_pipeline(pipe, c.async_redis()), 0
             except _RETRY_WRITE_ERRORS as exc:
                 raise st.lost(rest, exc) from exc
-            st.record(rest, results)
+            before = len(st.written)
+            st.record(rest, results, closed)
+            if acked < d.min_replicas:
+                short = _unconfirmed(rest[0][0], d, acked,
+                                     await replicas.areplicas_present(c.async_redis()))
+                raise _named(short, st.written[before:], st.written[:before])
     return st.written

@@ -1,5 +1,5 @@
 """``Queue``: what an operator asks of one queue — counts, the dead-letter store and its
-retention, pause.
+retention, pause, limits and holds.
 
 The last stop of a job that failed for good: the dead-letter store. It is listed,
 redriven and purged here, and trimmed by age and count (``trim_dead``, ``atrim_dead``,
@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from . import codec, limits, stats
 from .clients import Clients
 from .keys import QueueKeys, split_shard
-from .limits import GroupState, Limit
+from .limits import GroupState, Holds, Limit
 from .scripts import calls
 from .stats import QueueStats
 
@@ -400,11 +400,27 @@ class Queue:
                                                                  limit)]
         return out[:limit]
 
-    def hold(self, seconds: float, group: str | None = None) -> None:
+    def hold(self, seconds: float, group: str | None = None) -> float:
         """Start no job of ``group`` (or of the queue: every shard) for ``seconds``, as a
-        handler's ``RateLimited`` does; a longer hold already set is kept."""
-        for q in self.shards():
-            limits.hold(self.clients.redis, q.keys, seconds, group)
+        handler's ``RateLimited`` does (its reason: ``"operator"``); a longer hold
+        already set is kept. Returns the seconds left of the hold in force; ``release``
+        lifts it."""
+        return max(limits.hold(self.clients.sync_scripts, q.keys, seconds, group)
+                   for q in self.shards())
+
+    def release(self, group: str | None = None) -> float:
+        """Lift the hold of ``group`` (or of the whole queue; every shard) now, whoever
+        set it (``hold`` or a handler's ``RateLimited``), and wake an idle worker: held
+        jobs start at once. Returns the seconds the hold had left (0.0: none)."""
+        return max((limits.release(self.clients.sync_scripts, q.keys, group)
+                    for q in self.shards()), default=0.0)
+
+    def holds(self) -> Holds:
+        """What holds the queue now (``limits.Holds``: a hold of the whole queue, its
+        reason, groups held); ``is_paused`` says whether it is paused."""
+        parts = [limits.holds(self.clients.redis, q.keys) for q in self.shards()]
+        top = max(parts, key=lambda h: h.queue_s)
+        return Holds(top.queue_s, top.queue_why, sum(h.groups for h in parts))
 
 
 class _Shard(Queue):

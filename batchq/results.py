@@ -16,7 +16,9 @@ both asked.
   that ends in between is not missed, bullmq#383). ``ack_result.lua``, ``nack.lua``,
   ``pop.lua`` and ``cancel.lua`` publish on the channel when the job ends; the waiter
   reads the state again. A lost pub/sub connection is re-made and every waiter reads
-  again, since a message may have been lost meanwhile.
+  again, since a message may have been lost meanwhile. A plain ack announces nothing:
+  a job of tasks without ``result_ttl_s`` is refused at once (``ResultNotKept``), one
+  that may be either is read every ``MAYBE_PLAIN_RECHECK_S``; and once at the deadline.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ import redis
 from . import codec
 from .clients import Clients
 from .connection import plain_url
-from .errors import JobCancelled, JobDead
+from .durations import check_seconds
+from .errors import JobCancelled, JobDead, ResultNotKept
 from .keys import MAX_SHARDS, QueueKeys, queues_key, shard_name, shards_key, split_shard
 from .scripts import calls
 
@@ -351,6 +354,10 @@ WAITERS_TTL_MS = 30_000
 only while the flag exists (a drain nobody waits on skips the PUBLISH per job)."""
 WAITERS_RENEW_S = 10.0
 """A waiter renews the flag (and reads the job's state again) this often."""
+MAYBE_PLAIN_RECHECK_S = 0.5
+"""A waiter whose job may belong to a task without ``result_ttl_s`` (its app registers
+tasks of both kinds on the queue, or none) reads the state this often: such a job's ack
+announces nothing."""
 
 _listeners: dict[tuple[int, str], Listener] = {}
 _listeners_lock = threading.Lock()
@@ -370,21 +377,38 @@ def listener(c: Clients) -> Listener:
 # --- waiting ---------------------------------------------------------------------------
 
 
-def _check_timeout(timeout_s: object) -> float:
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or \
-            not timeout_s >= 0 or timeout_s == float("inf"):
-        raise ValueError(f"timeout_s must be a finite number of seconds >= 0, got "
-                         f"{timeout_s!r}")
-    return float(timeout_s)
+def keeps_results(app: ResultsOwner, ks: list[QueueKeys]) -> bool | None:
+    """Whether a job of the queues ``ks`` keeps its result: True when every task of the
+    app there does, False when none does, None when unsure (some, or no task there)."""
+    bases = {split_shard(k.queue)[0] for k in ks}  # the candidates' names are valid
+    kept = {t.result_ttl_ms is not None for t in getattr(app, "tasks", {}).values()
+            if split_shard(t.config.queue)[0] in bases}
+    return kept.pop() if len(kept) == 1 else None
+
+
+def _not_kept(job_id: str, state: str, data: bytes | None, ks: list[QueueKeys]) -> Any:
+    """A job of tasks that keep no result: its outcome when dead or cancelled, else
+    ``ResultNotKept`` at once (there is nothing to wait for)."""
+    if state in ("dead", "cancelled", "succeeded"):
+        return _outcome(job_id, state, data)
+    where = ", ".join(repr(k.queue) for k in ks)
+    now = "unknown (finished, or never enqueued)" if state == "unknown" else state
+    raise ResultNotKept(job_id, f"job {job_id} is {now}: the tasks of queue {where} keep "
+                        "no result (no result_ttl_s), so app.result has nothing to wait "
+                        "for; give the task result_ttl_s, or ask app.job_status", state)
 
 
 def result(app: ResultsOwner, job_id: str, timeout_s: float) -> Any:
     """See ``App.result``."""
     _check_id(job_id)
-    deadline = time.monotonic() + _check_timeout(timeout_s)
+    deadline = time.monotonic() + check_seconds("timeout_s", timeout_s)
     ks = candidates(app, job_id)
     if not ks:
         raise KeyError(f"no job {job_id!r} (its id names no queue of this namespace)")
+    keeps = keeps_results(app, ks)
+    if keeps is False:
+        state, data, _ = read_state(app, job_id, payload=True)
+        return _not_kept(job_id, state, data, ks)
     lst = listener(app.clients)
     names = [k.done_channel(job_id).encode() for k in ks]
     chans = [(name, lst.subscribe(name)) for name in names]
@@ -400,12 +424,14 @@ def result(app: ResultsOwner, job_id: str, timeout_s: float) -> Any:
             state, data, _ = read_state(app, job_id, payload=True)
             if state in _FINAL:
                 return _outcome(job_id, state, data)
-            # a message on any candidate channel (normally there is one) wakes us; the
-            # flag is renewed (and the state read again) every WAITERS_RENEW_S
-            step = min(deadline, time.monotonic() + WAITERS_RENEW_S)
-            if not lst.wait([ch for _, ch in chans], seen, step) and \
-                    time.monotonic() >= deadline:
+            # the state was read after the deadline passed: a job settled meanwhile is
+            # returned above, never reported as still waiting
+            if time.monotonic() >= deadline:
                 raise TimeoutError(f"job {job_id} is still {state} after {timeout_s}s")
+            # a message on a candidate channel wakes us; else the flag is renewed (and
+            # the state read) every step: a plain ack announces nothing
+            step_s = WAITERS_RENEW_S if keeps else MAYBE_PLAIN_RECHECK_S
+            lst.wait([ch for _, ch in chans], seen, min(deadline, time.monotonic() + step_s))
     finally:
         for name, ch in chans:
             lst.unsubscribe(name, ch)
@@ -414,15 +440,18 @@ def result(app: ResultsOwner, job_id: str, timeout_s: float) -> Any:
 async def aresult(app: ResultsOwner, job_id: str, timeout_s: float) -> Any:
     """See ``App.aresult``."""
     _check_id(job_id)
-    timeout = _check_timeout(timeout_s)
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    deadline = loop.time() + check_seconds("timeout_s", timeout_s)
     ks = await acandidates(app, job_id)
     if not ks:
         raise KeyError(f"no job {job_id!r} (its id names no queue of this namespace)")
+    keeps = keeps_results(app, ks)
+    if keeps is False:
+        state, data, _ = await aread_state(app, job_id, payload=True)
+        return _not_kept(job_id, state, data, ks)
     lst = await loop.run_in_executor(None, listener, app.clients)
-    chans = [(k.done_channel(job_id).encode(), None) for k in ks]
-    subs = [(name, lst.subscribe(name)) for name, _ in chans]
+    subs = [(name, lst.subscribe(name)) for name in (k.done_channel(job_id).encode()
+                                                     for k in ks)]
     try:
         for _, ch in subs:
             while not ch.armed:
@@ -432,17 +461,20 @@ async def aresult(app: ResultsOwner, job_id: str, timeout_s: float) -> Any:
         while True:
             # futures first: a change after the read below wakes this waiter
             futs = [(ch, lst.future(ch)) for _, ch in subs]
-            for k in ks:
-                await client.set(k.waiters, b"1", px=WAITERS_TTL_MS)
-            state, data, _ = await aread_state(app, job_id, payload=True)
-            step = min(deadline, loop.time() + WAITERS_RENEW_S)
-            done = state in _FINAL or await _wait_any(futs, step, loop)
-            for ch, fut in futs:
-                lst.drop_future(ch, fut)
-            if state in _FINAL:
-                return _outcome(job_id, state, data)
-            if not done and loop.time() >= deadline:
-                raise TimeoutError(f"job {job_id} is still {state} after {timeout_s}s")
+            try:
+                for k in ks:
+                    await client.set(k.waiters, b"1", px=WAITERS_TTL_MS)
+                state, data, _ = await aread_state(app, job_id, payload=True)
+                if state in _FINAL:
+                    return _outcome(job_id, state, data)
+                # read after the deadline passed: a settled job is never "still" waiting
+                if loop.time() >= deadline:
+                    raise TimeoutError(f"job {job_id} is still {state} after {timeout_s}s")
+                step_s = WAITERS_RENEW_S if keeps else MAYBE_PLAIN_RECHECK_S
+                await _wait_any(futs, min(deadline, loop.time() + step_s), loop)
+            finally:
+                for ch, fut in futs:
+                    lst.drop_future(ch, fut)
     finally:
         for name, ch in subs:
             lst.unsubscribe(name, ch)
@@ -460,10 +492,7 @@ async def _wait_any(futs: list[tuple[_Channel, asyncio.Future[None]]], deadline:
 async def _next_change(lst: Listener, chans: list[_Channel], deadline: float,
                        loop: asyncio.AbstractEventLoop) -> bool:
     futs = [(ch, lst.future(ch)) for ch in chans]
-    if all(ch.armed for ch in chans):
-        ok = True
-    else:
-        ok = await _wait_any(futs, deadline, loop)
+    ok = all(ch.armed for ch in chans) or await _wait_any(futs, deadline, loop)
     for ch, fut in futs:
         lst.drop_future(ch, fut)
     return ok

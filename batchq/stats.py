@@ -12,21 +12,28 @@ instead of failing the whole scrape.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import redis
 
 from . import codec, shards
 from .keys import MAX_PRIORITY, QueueKeys, queues_key
+from .scripts import SyncScript, calls, run_pipeline
 
-OUTCOMES = ("enqueued", "succeeded", "dead", "retried", "handed")
+OUTCOMES = ("enqueued", "succeeded", "dead", "retried", "handed", "cancelled")
 """The counters the scripts keep in a queue's ``stats`` hash, in the order read
-(``handed``: jobs an enqueue leased straight to an idle worker, ``enqueue.lua``)."""
+(``handed``: jobs an enqueue leased straight to an idle worker, ``enqueue.lua``;
+``cancelled``: jobs cancelled before they started, ``cancel.lua`` and ``pop.lua``)."""
 
 BUNDLE_COUNTS = ("bundled",)
 """The stats field that counts the running jobs of live bundles (``_lib.lua``
 "Bundles"): a bundle is one member of its own zset for all its jobs."""
+
+GROUPS_READ = 500
+"""Groups with ready jobs visited per queue and read (``gready_stats.lua``) to count
+grouped jobs by priority and find the first in line (about 10 µs of server time each);
+past it the counts are shared out in the proportions seen."""
 
 
 def reserved_jobs(leases: Any, bundled: Any) -> int:
@@ -45,9 +52,11 @@ class QueueStats:
     ``decode_error`` when it reaches it. Empty when every head is fine.
 
     Flow control (``Queue.limit``): ``ready`` includes ``grouped``, the ready jobs of
-    groups; ``groups_active`` groups may start jobs now, ``groups_waiting`` wait for a
-    rate token, a concurrency slot or the end of a hold; ``held_s``: seconds left of a
-    hold of the whole queue (``RateLimited`` raised by a job without a group)."""
+    groups, and so do ``ready_by_priority`` and ``oldest_age_s`` (read per group, never
+    per job: ``GROUPS_READ``); ``groups_active`` groups may start jobs now,
+    ``groups_waiting`` wait for a rate token, a concurrency slot or the end of a hold;
+    ``held_s``: seconds left of a hold of the whole queue (``RateLimited`` raised by a
+    job without a group, or ``Queue.hold``)."""
 
     ready: int
     delayed: int
@@ -200,7 +209,44 @@ def read(client: redis.Redis, queues: Sequence[QueueKeys]) -> list[Snapshot]:
     for j, k in enumerate(queues):
         start = 1 + j * _PER_QUEUE
         out.append(_parse(k.queue, res[start : start + _PER_QUEUE], now_ms))
+    with_groups = [(j, k) for j, k in enumerate(queues) if out[j].stats.grouped > 0]
+    if with_groups:
+        pipe = client.pipeline(transaction=False)
+        for _, k in with_groups:
+            c = calls.gready_stats(k, GROUPS_READ)
+            SyncScript(c.script, client)(c.keys, c.args, client=pipe)
+        for (j, _), reply in zip(with_groups, run_pipeline(pipe, client), strict=True):
+            out[j] = _add_grouped(out[j], reply, now_ms)
     return out
+
+
+def _add_grouped(snap: Snapshot, reply: Any, now_ms: int) -> Snapshot:
+    """``snap`` with the grouped ready jobs (a ``gready_stats.lua`` reply) in its ready
+    counts by priority and its oldest ready age. Past ``GROUPS_READ`` groups the jobs of
+    the groups not visited are shared out in the proportions of those visited."""
+    if not isinstance(reply, list) or len(reply) < 13:
+        return snap  # an error reply (a key written by hand): the plain counts stand
+    st = snap.stats
+    counts = [_int(x) for x in reply[:10]]
+    counted = sum(counts)
+    left = st.grouped - counted
+    if _int(reply[11]) and counted and left > 0:
+        shares = [c * left // counted for c in counts]
+        shares[counts.index(max(counts))] += left - sum(shares)
+        counts = [c + x for c, x in zip(counts, shares, strict=True)]
+    by_prio = dict(st.ready_by_priority)
+    for i, c in enumerate(counts):
+        if c:
+            by_prio[MAX_PRIORITY - i] = by_prio.get(MAX_PRIORITY - i, 0) + c
+    oldest_s = st.oldest_age_s
+    first = reply[12]
+    if isinstance(first, bytes) and b"~" in first:
+        ms = ready_ms(first[first.index(b"~") + 15 :], snap.name)
+        if ms is not None:
+            oldest_s = max(oldest_s, (now_ms - ms) / 1000)
+    return replace(snap, stats=replace(
+        st, ready_by_priority=dict(sorted(by_prio.items(), reverse=True)),
+        oldest_age_s=oldest_s))
 
 
 def merge(name: str, parts: Sequence[Snapshot]) -> Snapshot:

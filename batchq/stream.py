@@ -115,6 +115,8 @@ class Stream:
             (p, seqs if p.due is None else None) for p, seqs in plans]
         self.key_fn = key_fn
         self.written: list[str] = []
+        self.stored = 0
+        """Jobs of ``written`` this call stored (the others: holders of held keys)."""
 
     def windows(self, items: Iterable[Any]) -> Iterator[Window]:
         """Windows of chunks. An item that cannot be encoded (``TypeError``,
@@ -145,6 +147,12 @@ class Stream:
             single = window.pop(0) if not self.written or len(window) == 1 else None
             yield single, window
 
+    def tracked(self, ids: list[str], got: list[str]) -> None:
+        """Record a tracked write: ``got`` is ``ids`` with the rows whose key was held
+        replaced by the holder's id (``tracked.ids_of``)."""
+        self.written.extend(got)
+        self.stored += sum(a == b for a, b in zip(ids, got, strict=True))
+
     def failed(self, exc: EnqueueError) -> EnqueueError:
         exc.written, exc.ids = len(self.written), self.written
         return exc
@@ -156,19 +164,26 @@ class Stream:
             f"written, {unknown} unknown: {exc}",
             written=len(self.written), ids=self.written, unknown=unknown)
 
-    def record(self, window: Window, results: list[Any]) -> None:
-        """Count what a pipelined window wrote; an error result raises ``EnqueueError``."""
+    def record(self, window: Window, results: list[Any],
+               closed: Mapping[str, CampaignClosed] | None = None) -> None:
+        """Count what a pipelined window wrote; an error result raises ``EnqueueError``.
+        ``closed``: queues whose campaign was closed before the window was sent
+        (``tracked.join``): a refusal there raises that ``CampaignClosed`` itself."""
         first_error: BaseException | None = None
         quota = False
-        for (_, ids, _), res in zip(window, results, strict=True):
+        for (cp, ids, _), res in zip(window, results, strict=True):
             if isinstance(res, BaseException):
                 first_error = first_error or res
             elif self.p.group and res == -2:
                 quota = True  # this chunk was not written (a smaller later one may be)
             elif self.p.tracked:
+                shut = (closed or {}).get(cp.keys.queue)
                 try:
-                    self.written.extend(tracked.ids_of(self.p.campaign, ids, res))
+                    self.tracked(ids, tracked.ids_of(self.p.campaign, ids, res, shut))
                 except (CampaignClosed, tracked.NotJoined) as exc:
+                    if first_error is None and isinstance(exc, CampaignClosed) \
+                            and not self.stored:
+                        raise  # nothing of the call was written (a run again, refused)
                     first_error = first_error or exc
             else:
                 self.written.extend(ids)

@@ -8,8 +8,11 @@ Signal handlers only queue the signal and poke a self-pipe; the main loop dispat
 ``handle_<signame>``, reaps children with ``waitpid(-1, WNOHANG)`` (also orphans when it
 runs as PID 1; unknown pids are ignored), kills children whose heartbeat file went stale
 (a blocked event loop), and tops the pool back up, with a backoff when children keep
-dying. A child that cannot boot (import error, Redis unreachable) during the first start
-stops the supervisor with the child's exit code instead of a crash loop.
+dying (none for a child that drained on purpose: recycled after ``--max-jobs-per-child``
+or past ``--max-memory-per-child``; each reason is counted for the metrics). A child
+that cannot boot (import error, Redis unreachable, or any exit before its first
+heartbeat) during the first start stops the supervisor with the child's exit
+code instead of a crash loop.
 
 Signals: TERM graceful (children drain), INT / QUIT / a second TERM fast, HUP rolling
 restart with a fresh import of the app's modules, TTIN / TTOU one worker more / less,
@@ -34,7 +37,15 @@ from dataclasses import dataclass, replace
 from types import FrameType
 
 from .app import App
-from .exitcodes import EXIT_ERROR, EXIT_IMPORT, EXIT_OK, EXIT_RECYCLED, EXIT_REDIS, EXIT_STALLED
+from .exitcodes import (
+    EXIT_ERROR,
+    EXIT_IMPORT,
+    EXIT_MEMORY,
+    EXIT_OK,
+    EXIT_RECYCLED,
+    EXIT_REDIS,
+    EXIT_STALLED,
+)
 from .supervisor_metrics import MetricsChild
 from .web_settings import WebSettings
 from .worker import WorkerSettings
@@ -115,7 +126,7 @@ class Supervisor:
         self._drained = False
         """Burst mode: a child exited 0 because the queues were empty."""
         self._stop_deadline = 0.0
-        self.restarts = {"died": 0, "unresponsive": 0, "recycled": 0}
+        self.restarts = {"died": 0, "unresponsive": 0, "recycled": 0, "memory": 0}
         self.metrics = MetricsChild(app, directory=settings.metrics_dir,
                                     addr=settings.metrics_addr, port=settings.metrics_port,
                                     log_level=settings.log_level,
@@ -298,6 +309,13 @@ class Supervisor:
             self.restarts["recycled"] += 1
             self._deaths_in_a_row = 0
             return
+        if code == EXIT_MEMORY:
+            log.warning("worker %d (pid %d) passed its memory cap (--max-memory-per-child "
+                        "%d MB) and drained; replacing it", child.index, child.pid,
+                        self.worker_settings.max_memory_mb or 0)
+            self.restarts["memory"] += 1
+            self._deaths_in_a_row = 0
+            return
         if code == 0 or (code == EXIT_STALLED and self.worker_settings.burst):
             log.info("worker %d (pid %d) finished%s", child.index, child.pid,
                      " (stalled: jobs left only in paused queues)" if code else "")
@@ -308,8 +326,10 @@ class Supervisor:
             self._deaths_in_a_row = 0
             return
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-        if not ready and code in (EXIT_IMPORT, EXIT_REDIS) and (
-                not self._booted or child.generation > 0):
+        # on the first start any failure before the first heartbeat is a boot failure
+        # (a bad setting, a crash at start): replacing the child would only crash again
+        boot_code = code in (EXIT_IMPORT, EXIT_REDIS) or (code > 0 and not self._booted)
+        if not ready and boot_code and (not self._booted or child.generation > 0):
             if child.generation > 0 and self._booted:
                 log.error("worker %d of generation %d could not boot (%s): keeping the "
                           "running generation", child.index, child.generation, how)
@@ -444,7 +464,8 @@ class Supervisor:
         from .worker import run_worker
 
         settings = replace(self.worker_settings, heartbeat_path=heartbeat,
-                           start_paused=self._paused)
+                           start_paused=self._paused,
+                           supervisor_restarts=tuple(self.restarts.items()))
         import redis
 
         try:

@@ -9,14 +9,15 @@ below ``app.py``: the scheduler (``periodic.py``) and the worker use tasks witho
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
 from . import codec, producer, shards, tracked
 from .clients import Clients
+from .durations import check_seconds
+from .errors import DEFAULT_MAX_HOLD_S, DEFAULT_MAX_REFUNDS, MAX_REFUNDS, MIN_HOLD_S
 from .keys import MAX_PRIORITY, split_shard
 from .plan import Plan
 from .producer import EnqueueOptions, KeyFn
@@ -72,6 +73,16 @@ class TaskConfig:
     shards: int | None = None
     """Spread the queue over this many sub-queues (``batchq.shards``); None: as
     configured elsewhere (``app.queue(name, shards=)``), else 1."""
+    max_hold_s: float = DEFAULT_MAX_HOLD_S
+    """The longest hold a ``RateLimited`` from this task's handler may set; a longer
+    ``retry_after_s`` is cut to it."""
+    max_refunds: int = DEFAULT_MAX_REFUNDS
+    """How many ``RateLimited`` runs in a row a job gets with its attempt refunded; the
+    next one counts as a failed attempt (retried after the hold, or dead-lettered)."""
+    breaker: str | None = None
+    """The circuit breaker (``app.breaker``) its jobs wait for while it is open."""
+    fallback: str | None = None
+    """The task its jobs are re-routed to while its breaker is open (same queue)."""
 
     def __post_init__(self) -> None:
         # every check names the setting: a wrong value must never reach the worker
@@ -87,34 +98,30 @@ class TaskConfig:
         if self.batch_size is not None:
             codec.check_int("batch_size", self.batch_size, 1, 1000)
         if self.timeout_s is not None:
-            _positive("timeout_s", self.timeout_s)
-        _positive("retry_backoff_s", self.retry_backoff_s, zero_ok=True)
-        _positive("retry_backoff_max_s", self.retry_backoff_max_s, zero_ok=True)
+            check_seconds("timeout_s", self.timeout_s, positive=True)
+        check_seconds("retry_backoff_s", self.retry_backoff_s)
+        check_seconds("retry_backoff_max_s", self.retry_backoff_max_s)
         if self.result_ttl_s is not None:
-            _positive("result_ttl_s", self.result_ttl_s)
+            # Redis refuses an expiry past 2**63 ms: checked here, never at the ack
+            check_seconds("result_ttl_s", self.result_ttl_s, positive=True)
             if round(self.result_ttl_s * 1000) < 1:
                 raise ValueError(f"result_ttl_s must be at least 0.001, got "
                                  f"{self.result_ttl_s!r}")
             if self.batch_size is not None:
                 raise ValueError("result_ttl_s is for single-job tasks: a batch handler "
                                  "returns failures, not results")
-        _positive("key_ttl_s", self.key_ttl_s, zero_ok=True)
+        check_seconds("key_ttl_s", self.key_ttl_s)
         if self.shards is not None:
             shards.check_shards(self.shards)
+        check_seconds("max_hold_s", self.max_hold_s, min_s=MIN_HOLD_S, max_s=86400)
+        codec.check_int("max_refunds", self.max_refunds, 0, MAX_REFUNDS)
+        if self.breaker is not None and self.batch_size is not None:
+            raise ValueError("breaker is for single-job tasks, not batch handlers")
 
     @property
     def result_ttl_ms(self) -> int | None:
         """``result_ttl_s`` in ms (None: results are not stored)."""
         return None if self.result_ttl_s is None else round(self.result_ttl_s * 1000)
-
-
-def _positive(name: str, value: object, *, zero_ok: bool = False) -> None:
-    """A finite number > 0 (>= 0 with ``zero_ok``), or an error naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
-        raise ValueError(f"{name} must be a finite number {'>=' if zero_ok else '>'} 0, "
-                         f"got {value!r}")
 
 
 class _Enqueuer:
@@ -146,7 +153,7 @@ class _Enqueuer:
     def _new_plan(self, queue: Any, keyed: bool) -> Plan:
         t, o = self._task, self._opts
         c = t.config
-        return producer.plan(
+        p = producer.plan(
             t.app.clients,
             c.name,
             queue,
@@ -155,10 +162,16 @@ class _Enqueuer:
             o.delay_s,
             o.eta,
             campaign=o.campaign,
-            key_ttl_s=c.key_ttl_s if o.key_ttl_s is None else o.key_ttl_s,
+            key_ttl_s=o.key_ttl_s if o.key_ttl_s is not None else
+            # a replaced or debounced key is held while its job waits or runs, then free
+            0.0 if o.on_conflict in ("replace", "debounce")
+            and c.key_ttl_s == tracked.DEFAULT_KEY_TTL_S else c.key_ttl_s,
             keyed=keyed or o.key is not None,
             group=o.group,
+            timeout_s=o.timeout_s,
+            on_conflict=o.on_conflict,
         )
+        return p if o.min_replicas is None else replace(p, min_replicas=o.min_replicas)
 
     def _count(self, queue: str) -> int:
         """The shard count of ``queue`` in this app (1: not sharded, or a shard named
@@ -251,16 +264,24 @@ class _Enqueuer:
         key: str | None = None,
         key_ttl_s: float | None = None,
         group: str | None = None,
+        timeout_s: float | None = None,
+        on_conflict: str | None = None,
+        min_replicas: int | None = None,
     ) -> TaskCall:
         """A view of the task that enqueues with other options (``eta``: datetime or
         Unix seconds; naive datetimes are local time). ``campaign``: the jobs join it (a
         ``Campaign`` or its id); ``key``: a dedup key for ``enqueue``; ``key_ttl_s``: how
         long a key stays held after its job finished; ``group``: the jobs belong to
         that group of the queue (a tenant, a sender id): groups are served in turn, each
-        within its limits (``Queue.limit``)."""
+        within its limits (``Queue.limit``); ``timeout_s``: this job's run time limit,
+        over the task's; ``on_conflict``: what a call does when its key is held by a
+        job still waiting: ``"keep"`` it (the default), ``"replace"`` its arguments, or
+        ``"debounce"``: replace them and start it ``delay_s`` after this call;
+        ``min_replicas``: replicas that must confirm these jobs, over the app's
+        (``App(min_replicas=...)``)."""
         cid = campaign if campaign is None or isinstance(campaign, str) else campaign.id
         extra = EnqueueOptions(queue, priority, max_attempts, delay_s, eta, cid, key,
-                               key_ttl_s, group)
+                               key_ttl_s, group, timeout_s, on_conflict, min_replicas)
         return TaskCall(self._task, self._opts.merged(extra))
 
 

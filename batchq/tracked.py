@@ -6,6 +6,18 @@ pop) look that entry up only for ids with the suffix, so plain jobs cost them on
 compare. This module checks campaign ids and dedup keys, joins a campaign to a queue
 before the first write there (``campaign_join.lua`` on the campaign's slot, then the
 queue's flag, ``campaign_queue.lua``), and reads ``enqueue_tracked.lua``'s replies.
+
+A write to a closed campaign (sealed, cancelled, finished) raises ``CampaignClosed`` and
+writes nothing, with one exception that makes a producer safe to run again after its
+campaign finished: when every row has a dedup key and every key is still held, the
+call would write nothing anyway, so it returns the holders' ids instead (the script
+decides, atomically: ``join(keyed=True)``).
+
+A keyed write's ``on_conflict`` (``options.ON_CONFLICT``) says what a held key does:
+``keep`` (the call writes nothing), or, while the holder still waits, ``replace`` (it
+takes the row's arguments: same id, place and due time) or ``debounce`` (also due
+``delay_s`` from now); ``enqueue_tracked.lua`` decides it in the same call, so a pop
+racing it takes either the old job or the new one, never both or neither.
 It sits below ``producer`` (which calls it) and above ``clients``.
 """
 
@@ -13,6 +25,7 @@ from __future__ import annotations
 
 import re
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 from . import codec
@@ -32,6 +45,10 @@ DEFAULT_KEY_TTL_S = 24 * 3600.0
 
 TRIM_CHUNK = 100
 """Lapsed dedup keys dropped per ``enqueue_tracked.lua`` call, at most."""
+
+REPLACE_SCAN = 10_000
+"""Ready-list entries ``enqueue_tracked.lua`` searches (from the tail, where recent jobs
+are) for a job to replace, at most: a job deeper in its list is kept, not replaced."""
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@+-]{0,127}")
 
@@ -91,41 +108,70 @@ def _opened(campaign: str, queue: str, reply: Any) -> None:
                              "added to it")
 
 
-def join(c: Clients, campaign: str, queue: str) -> None:
+def keyed(entries: Sequence[bytes]) -> bool:
+    """Every row of a tracked write (``[entry, key, entry, key, ...]``) has a dedup key."""
+    return all(entries[1::2])
+
+
+def join(c: Clients, campaign: str, queue: str, *, keyed: bool = False
+         ) -> CampaignClosed | None:
     """Make ``queue`` part of ``campaign`` (once per process); raises
-    ``CampaignClosed`` / ``CampaignNotFound``."""
+    ``CampaignClosed`` / ``CampaignNotFound``.
+
+    ``keyed``: every row of the write has a dedup key. A closed campaign is then no
+    error yet: the ``CampaignClosed`` is returned, and the write goes to
+    ``enqueue_tracked.lua``, which writes nothing and answers the holders' ids when
+    every key is held (a producer run again after the campaign finished) and refuses
+    otherwise; pass the error to ``ids_of`` to raise it then."""
     done = _joined.setdefault(c, set())
     if (campaign, queue) in done:
-        return
+        return None
     s = c.sync_scripts
-    gen = _joined_reply(campaign, s.call(calls.campaign_join(
-        campaign_keys(c.namespace, campaign), queue)))
-    _opened(campaign, queue, s.call(calls.campaign_queue(c.keys(queue), campaign, "open",
-                                                         gen)))
+    try:
+        gen = _joined_reply(campaign, s.call(calls.campaign_join(
+            campaign_keys(c.namespace, campaign), queue)))
+        _opened(campaign, queue, s.call(calls.campaign_queue(c.keys(queue), campaign,
+                                                             "open", gen)))
+    except CampaignClosed as exc:
+        if keyed:
+            return exc
+        raise
     done.add((campaign, queue))
+    return None
 
 
-async def ajoin(c: Clients, campaign: str, queue: str) -> None:
+async def ajoin(c: Clients, campaign: str, queue: str, *, keyed: bool = False
+                ) -> CampaignClosed | None:
     """``join`` for asyncio code."""
     done = _joined.setdefault(c, set())
     if (campaign, queue) in done:
-        return
+        return None
     s = c.async_scripts()
-    gen = _joined_reply(campaign, await s.call(calls.campaign_join(
-        campaign_keys(c.namespace, campaign), queue)))
-    _opened(campaign, queue, await s.call(calls.campaign_queue(c.keys(queue), campaign,
-                                                               "open", gen)))
+    try:
+        gen = _joined_reply(campaign, await s.call(calls.campaign_join(
+            campaign_keys(c.namespace, campaign), queue)))
+        _opened(campaign, queue, await s.call(calls.campaign_queue(c.keys(queue), campaign,
+                                                                   "open", gen)))
+    except CampaignClosed as exc:
+        if keyed:
+            return exc
+        raise
     done.add((campaign, queue))
+    return None
 
 
 class NotJoined(Exception):
     """``enqueue_tracked.lua`` found the campaign not open on the queue: join, retry."""
 
 
-def ids_of(campaign: str | None, ids: list[str], reply: Any) -> list[str]:
+def ids_of(campaign: str | None, ids: list[str], reply: Any,
+           closed: CampaignClosed | None = None) -> list[str]:
     """The ids an ``enqueue_tracked.lua`` call stands for: ``ids`` with each job that
-    was not written (its dedup key held) replaced by the id holding the key."""
+    was not written (its dedup key held) replaced by the id holding the key.
+    ``closed``: the campaign is closed (``join`` said so): a refusal raises it."""
     status = int(reply[0])
+    if closed is not None and status in (1, 2):
+        raise closed
     if status == 1:
         raise NotJoined()
     if status == 2:

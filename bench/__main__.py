@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 SCENARIOS = ("enqueue", "drain", "allin", "latency", "memory", "idle", "scale", "campaign",
-             "fanout", "groups", "ratecheck", "iocurve", "shards")
+             "fanout", "groups", "ratecheck", "iocurve", "shards", "cancel-drop")
 COMMANDS = (*SCENARIOS, "peers", "plot")
 
 # (full, --quick) defaults of --jobs per scenario
@@ -23,7 +23,7 @@ JOBS = {"enqueue": (50_000, 2_000), "drain": (100_000, 2_000), "allin": (1_000_0
         "latency": (50_000, 2_000),
         "memory": (1_000_000, 2_000), "scale": (50_000, 2_000),
         "campaign": (100_000, 2_000), "fanout": (100_000, 2_000), "groups": (100_000, 2_000),
-        "shards": (200_000, 5_000),
+        "shards": (200_000, 5_000), "cancel-drop": (100_000, 2_000),
         "iocurve": (0, 0)}  # 0: per level, bench/iocurve.py's default_jobs
 
 
@@ -95,6 +95,9 @@ def add_scenario_args(p: argparse.ArgumentParser, scenario: str) -> None:
         p.add_argument("--before", type=Path, default=None,
                        help="another checkout (e.g. `git archive COMMIT | tar -x -C DIR`) "
                        "whose worker runs every case too, alternating with this one")
+    if scenario == "cancel-drop":
+        p.add_argument("--group-rate", type=float, default=100.0,
+                       help="the limit of the group case in jobs/s (default 100)")
     if scenario == "campaign":
         p.add_argument("--campaigns", type=int, default=None,
                        help="campaigns of the completion-latency case (default 50, --quick 5)")
@@ -176,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "against -c 100, 1,000, 5,000",
              "shards": "one hot queue on the embedded 3-node cluster, 1 vs 8 shards: "
                        "Redis CPU per node, Redis µs per job",
+             "cancel-drop": "cancelled jobs dropped per second by one worker vs its plain "
+                            "drain of the same jobs",
              "peers": "batchq against Celery, RQ, arq, dramatiq, saq, taskiq, huey",
              "plot": "PNG of latency percentiles against offered rate"}
     for name in COMMANDS:
@@ -187,6 +192,7 @@ def _run_scenario(args: argparse.Namespace) -> int:
     from . import harness
     from .allin import run_allin
     from .campaigns import run_campaign
+    from .cancel import run_cancel_drop
     from .flow import run_fanout, run_groups, run_ratecheck
     from .iocurve import run_iocurve
     from .latency import run_latency
@@ -232,6 +238,9 @@ def _run_scenario(args: argparse.Namespace) -> int:
             latency_ms=args.latency_ms, processes=args.processes,
             concurrency=args.concurrency, clock=args.clock,
             provider_burst=args.provider_burst),
+        "cancel-drop": lambda ctx, rec: run_cancel_drop(
+            ctx, rec, jobs=jobs, repeat=repeat, concurrency=args.concurrency,
+            group_rate=args.group_rate),
         "groups": lambda ctx, rec: run_groups(
             ctx, rec, jobs=jobs, repeat=repeat, groups=args.groups or (20 if quick else 1000),
             queue_rate=args.queue_rate, processes=args.processes,

@@ -342,10 +342,12 @@ class Reconciliation:
     """The dead-letter store's size (equals ``dead`` unless letters were purged)."""
     stale: float = 0.0
     """``batchq_stale_acks``: results for leases already gone."""
+    cancelled: float = 0.0
+    """``batchq_jobs_cancelled``: jobs cancelled before they started (dropped)."""
 
     @property
     def missing(self) -> float:
-        return self.enqueued - (self.succeeded + self.dead + self.queued)
+        return self.enqueued - (self.succeeded + self.dead + self.cancelled + self.queued)
 
     @property
     def ok(self) -> bool:
@@ -360,8 +362,8 @@ class Reconciliation:
 
     def __str__(self) -> str:
         return (f"enqueued {self.enqueued:g} vs succeeded {self.succeeded:g} + dead "
-                f"{self.dead:g} + queued {self.queued:g} = "
-                f"{self.succeeded + self.dead + self.queued:g} (dead store "
+                f"{self.dead:g} + cancelled {self.cancelled:g} + queued {self.queued:g} = "
+                f"{self.enqueued - self.missing:g} (dead store "
                 f"{self.dead_stored:g}, stale acks {self.stale:g})")
 
 
@@ -387,6 +389,8 @@ def reconcile(text: str, queue: str) -> Reconciliation:
                 sums["workers_dead"] += s.value
             elif s.name == "batchq_stale_acks_total":
                 sums["stale"] += s.value
+            elif s.name == "batchq_jobs_cancelled_total":
+                sums["cancelled"] += s.value
             elif s.name == "batchq_queue_jobs":
                 state = s.labels.get("state")
                 if state in ("ready", "delayed", "reserved"):
@@ -394,4 +398,4 @@ def reconcile(text: str, queue: str) -> Reconciliation:
                 elif state == "dead":
                     sums["dead_stored"] += s.value
     return Reconciliation(sums["enqueued"], sums["succeeded"], sums["dead"], sums["queued"],
-                          sums["dead_stored"], sums["stale"])
+                          sums["dead_stored"], sums["stale"], sums["cancelled"])

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from ..connection import redact
 from ..exitcodes import EXIT_USAGE
 from ..loading import AppImportError, load_app
-from .flags import UsageError, check_env_url, redis_url, url_problem
+from .flags import Parser, UsageError, check_env_url, redis_url, url_problem
 
 __all__ = ["AppImportError", "load_app", "main"]
 
@@ -38,9 +38,11 @@ URL_FLAG = "--redis-url"
 
 def _parser() -> argparse.ArgumentParser:
     from .. import __version__
-    from . import bench, campaign, control, dead, enqueue, info, limit, web, worker
+    from . import audit, bench, campaign, control, dead, enqueue, hold, info, limit, web, worker
+    from .breaker import add_commands as add_breaker_commands
+    from .job import add_commands as add_job_commands
 
-    p = argparse.ArgumentParser(prog="batchq", description="batchq: a Redis job queue")
+    p = Parser(prog="batchq", description="batchq: a Redis job queue")
     p.add_argument("--version", action="version", version=f"batchq {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     worker.add_commands(sub)
@@ -50,6 +52,10 @@ def _parser() -> argparse.ArgumentParser:
     campaign.add_commands(sub)
     enqueue.add_commands(sub)
     control.add_commands(sub)
+    hold.add_commands(sub)
+    add_job_commands(sub)
+    add_breaker_commands(sub)
+    audit.add_commands(sub)
     bench.add_commands(sub)
     web.add_commands(sub)
     return p

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import exitcodes
 from ..loading import AppImportError, load_app
-from .flags import add_redis_url, seconds
+from .flags import add_redis_url, count_between, positive_number, seconds
 
 # the load-test machinery is imported by the commands that use it: the parser of every
 # `batchq` command (a worker's start-up included) builds this module's subcommands
@@ -55,46 +55,54 @@ if TYPE_CHECKING:
     from ..load.profiles import AbortRule
     from ..loadgen import Profile
 
-PRODUCER_GRACE_S = 60.0
-"""How long after its schedule ends a producer process may take to merge and exit."""
+PRODUCER_GRACE_S = 15.0
+"""How long after its schedule ends a producer process may take to merge and exit (it
+stops sending ``load.driver.SEND_GRACE_S`` after the end, however far behind)."""
+CALIBRATE_ABOVE = 5_000.0
+"""Peak rates per producer process above this are checked against a calibration first
+(below it any producer keeps up)."""
+LEFTOVER_WAIT_S = 10.0
+"""After marking a run incomplete, how long to wait for the workers to skip its jobs
+still queued."""
 STACKS_WAIT_S = 0.5
 """How long a wedged producer has to print its stacks (SIGUSR1) before it is stopped."""
 
 HARNESS_COMMANDS = ("enqueue", "drain", "allin", "latency", "memory", "idle", "scale",
                     "campaign", "fanout", "groups", "ratecheck", "iocurve", "shards", "peers",
-                    "plot")
+                    "plot", "cancel-drop")
 
 
-def _positive_int(raw: str) -> int:
-    try:
-        v = int(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {raw!r}") from None
-    if not 1 <= v <= 64:
-        raise argparse.ArgumentTypeError(f"must be 1..64, got {raw!r}")
-    return v
+MAX_LOAD_RATE = 1_000_000.0
+"""``--rate``: jobs per second; the producers' own ceiling is measured at the run."""
+MAX_LOAD_S = 7 * 86400.0
+"""``--duration``, ``--step-s``, ``--settle``: a week at most."""
+LOAD_DESCRIPTION = (
+    "Send jobs of TASK on an open-loop rate profile (--rate R --duration S, --steps "
+    "R1,R2 --step-s S or --ramp A:B --duration S) and report what the workers running "
+    "them measured: latency percentiles, errors by type, offered and achieved rate, a "
+    "per-second timeline. --abort-on stops at a limit, --out plots the run (.png needs "
+    "pip install 'batchq[bench]'), --producers N / --join RUN_ID spread the sending.")
 
 
 def add_commands(sub: Any) -> None:
     """Add ``bench`` and its subcommands; each sets ``handler`` (args -> exit code)."""
     b = sub.add_parser("bench", help="load-test a task, or run the benchmark harness",
-                       description=__doc__,
+                       description=(__doc__ or "").replace("``", ""),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     bsub = b.add_subparsers(dest="bench_command", required=True)
     p = bsub.add_parser("load", help="load-test a target through one of your tasks",
-                        description=__doc__,
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("app", metavar="MODULE:APP")
+                        description=LOAD_DESCRIPTION)
+    p.add_argument("app", metavar="MODULE:APP", help="the app defining the task")
     p.add_argument("task", metavar="TASK", help="task name")
-    p.add_argument("--rate", type=seconds(zero_ok=False), default=None,
+    p.add_argument("--rate", type=positive_number(MAX_LOAD_RATE), default=None,
                    help="a constant rate, jobs per second (with --duration)")
     p.add_argument("--steps", default=None, metavar="R1,R2,...",
                    help="rates of consecutive steps, jobs per second (with --step-s)")
-    p.add_argument("--step-s", type=seconds(zero_ok=False), default=None,
+    p.add_argument("--step-s", type=seconds(zero_ok=False, high=MAX_LOAD_S), default=None,
                    metavar="SECONDS", help="length of each step of --steps")
     p.add_argument("--ramp", default=None, metavar="START:END",
                    help="a linear ramp of the rate, jobs per second (with --duration)")
-    p.add_argument("--duration", type=seconds(zero_ok=False), default=None,
+    p.add_argument("--duration", type=seconds(zero_ok=False, high=MAX_LOAD_S), default=None,
                    help="seconds of load (--rate, --ramp)")
     p.add_argument("--args", default=None, metavar="JSON",
                    help='arguments of every job: a JSON array (positional), an object '
@@ -103,7 +111,8 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--abort-on", action="append", default=[], metavar="RULE",
                    help='stop when the last seconds pass a limit: "p99>500ms", '
                    '"done.p99>2s", "errors>1%%", "errors>100" (repeatable)')
-    p.add_argument("--producers", type=_positive_int, default=1, metavar="N",
+    p.add_argument("--producers", type=count_between(1, 64, bounds_text="1..64"), default=1,
+                   metavar="N",
                    help="producer processes on this machine (default 1)")
     p.add_argument("--join", default=None, metavar="RUN_ID",
                    help="add this machine's sends to a running run (its profile, unless "
@@ -111,9 +120,13 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--run-id", default=None, metavar="RUN_ID",
                    help="name the new run (default: time and a random suffix)")
     p.add_argument("--part", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--settle", type=seconds(zero_ok=True), default=30.0, metavar="SECONDS",
+    p.add_argument("--settle", type=seconds(zero_ok=True, high=MAX_LOAD_S), default=30.0,
+                   metavar="SECONDS",
                    help="after the last send, wait this long at most for the fleet to "
                    "finish the run's jobs (default 30)")
+    p.add_argument("--force", action="store_true",
+                   help="run even when the calibration says the producers cannot send "
+                   "the rate (the run then stops at its duration, reported incomplete)")
     p.add_argument("--out", default=None, metavar="FILE.html|FILE.png",
                    help="plot latency and throughput over time, steps marked")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -255,6 +268,13 @@ def cmd_load(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as exc:
         print(f"{name}: bad --args: {exc}", file=sys.stderr)
         return exitcodes.EXIT_USAGE
+    if args.out is not None and Path(args.out).suffix.lower() == ".png":
+        try:  # checked now: the plot is drawn only after the whole run
+            importlib.import_module("matplotlib")
+        except ImportError as exc:
+            print(f"{name}: --out {args.out}: a PNG needs matplotlib ({exc}): pip install "
+                  "'batchq[bench]'", file=sys.stderr)
+            return exitcodes.EXIT_USAGE
     if args.metrics_url:
         print(f"{name}: --metrics-url is no longer needed: enqueue-to-start comes from the "
               "workers themselves", file=sys.stderr)
@@ -310,8 +330,17 @@ async def _load(args: argparse.Namespace, app: Any, task: Any, profile: Profile 
                 rules: list[AbortRule], part: tuple[int, int] | None,
                 job: tuple[list[Any], dict[str, Any]] | None) -> int:
     from ..keys import load_keys
-    from ..load.driver import CHILD_LEAD_S, Driver, RunGone, new_run_id, profile_of, spawn_children
-    from ..load.report import bottlenecks, build, render, write_html, write_png
+    from ..load.driver import (
+        CHILD_LEAD_S,
+        Driver,
+        RunGone,
+        new_run_id,
+        out_of_reach,
+        peak_rate,
+        profile_of,
+        spawn_children,
+    )
+    from ..load.report import bottlenecks, build, incomplete, render, write_html, write_png
 
     tty = sys.stderr.isatty()
 
@@ -332,8 +361,20 @@ async def _load(args: argparse.Namespace, app: Any, task: Any, profile: Profile 
         await d.redis.ping()
         if args.join is None:
             job_args, job_kwargs = job or ([], {})
+            if profile is None:  # _check refuses it: for the type checker
+                raise _Usage("give a rate profile")
+            if peak_rate(profile) / args.producers > CALIBRATE_ABOVE:
+                what = await out_of_reach(task, profile, args.producers, job_args,
+                                          job_kwargs)
+                if what and not args.force:
+                    raise _Usage(f"{what}; lower the rate, add --producers or machines "
+                                 "(--join), or pass --force to run anyway (it stops at "
+                                 "its duration, incomplete)")
+                if what:
+                    say(f"warning: {what}; --force: the run stops at its duration, "
+                        "incomplete")
             try:
-                await d.open(profile, job_args, job_kwargs, CHILD_LEAD_S,  # type: ignore[arg-type]
+                await d.open(profile, job_args, job_kwargs, CHILD_LEAD_S,
                              args.producers)
             except ValueError as exc:
                 raise _Usage(str(exc)) from None
@@ -376,6 +417,12 @@ async def _load(args: argparse.Namespace, app: Any, task: Any, profile: Profile 
                 return 1 if st.errors else 0
             await _produce_and_watch(d, profile, job_args, job_kwargs, start_s, (0, 1))
         run = await d.settle(args.settle)
+        why = incomplete(run, args.settle, wedged) if args.join is None else ""
+        if why:
+            # the run is over: the workers acknowledge its queued jobs without running
+            # them, and the report says why it is incomplete
+            await d.finish(why)
+            run = await d.settle(LEFTOVER_WAIT_S)
         if tty:
             print(file=sys.stderr)
         run.meta["run_id"] = run_id
@@ -391,10 +438,10 @@ async def _load(args: argparse.Namespace, app: Any, task: Any, profile: Profile 
             plan = profile_of(run.meta) if run.meta.get("profile") else profile
             (write_png if out.suffix.lower() == ".png" else write_html)(out, run, report, plan)
             print(f"wrote {out}", file=sys.stderr)
-        aborted = run.meta.get("status") == "aborted"
-        if aborted:
-            print(f"aborted: {run.meta.get('reason', '')}", file=sys.stderr)
-        return 1 if aborted or wedged or run.num("send_errors") else 0
+        over = run.meta.get("status") in ("aborted", "incomplete")
+        if over:
+            print(f"{run.meta['status']}: {run.meta.get('reason', '')}", file=sys.stderr)
+        return 1 if over or wedged or run.num("send_errors") else 0
     finally:
         _stop_children(children)
         await app.aclose()

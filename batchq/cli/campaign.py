@@ -17,15 +17,16 @@ from .. import exitcodes
 from ..campaign import CampaignStats
 from ..errors import CampaignNotFound
 from ..tracked import check_campaign_id
+from .audit import audited
 from .common import (
     Fail,
     add_common,
     app_and,
+    app_only,
     dumps,
     duration,
     guarded,
     iso,
-    load,
     out,
     table,
     target,
@@ -35,8 +36,8 @@ from .common import (
 from .flags import int_at_least, seconds
 
 LIST_LIMIT = 50
-USAGE = ("batchq campaign {list,show,cancel} [MODULE:APP] [ID] [--watch] [--interval S] "
-         "[--limit N] [--json] [--redis-url URL] [--namespace NS]")
+MAX_INTERVAL_S = 86400.0
+"""``show --watch --interval``: at most a day between looks."""
 
 
 def _as_json(s: CampaignStats) -> dict[str, Any]:
@@ -49,12 +50,8 @@ def _as_json(s: CampaignStats) -> dict[str, Any]:
 def _where(args: argparse.Namespace) -> tuple[Any, str | None]:
     values: list[str] = args.where
     if args.action == "list":
-        if len(values) > 1:
-            raise usage(f"too many arguments {values!r}: expected [MODULE:APP]")
-        if values and ":" not in values[0]:
-            raise usage(f"{values[0]!r} is not MODULE:APP (list takes no campaign id)")
-        args.app = values[0] if values else None
-        return target(args, load(values[0]) if values else None), None
+        args.app = app_only(values, "list takes no campaign id")
+        return target(args), None
     if not values:
         raise usage(f"{args.action} needs a campaign ID")
     args.app, loaded, cid = app_and(values, "ID")
@@ -76,7 +73,9 @@ def cmd_campaign(args: argparse.Namespace) -> int:
     cid: str = maybe_id
     try:
         if args.action == "cancel":
-            n = campaigns.Campaign(c, cid).cancel()
+            with audited(t, "campaign_cancel", f"campaign {cid}") as note:
+                n = campaigns.Campaign(c, cid).cancel()
+                note.detail = f"{n} jobs not started"
             out(dumps({"id": cid, "cancelled": n}) if args.json else
                 f"campaign {text(cid)} cancelled: {n} jobs not started will not run")
         elif args.watch:
@@ -161,20 +160,48 @@ def _watch(args: argparse.Namespace, c: Any, cid: str) -> None:
     out(_show(s))
 
 
+ACTIONS = {
+    "list": ("list campaigns, newest first",
+             "A table of the campaigns of the namespace, newest first: id, state and the "
+             "counts of their jobs.", "[MODULE:APP] [--limit N]"),
+    "show": ("show one campaign (--watch: follow it)",
+             "The counts of one campaign; --watch draws a live progress bar until it "
+             "completes (with --json: one object per look).",
+             "[MODULE:APP] ID [--watch] [--interval S]"),
+    "cancel": ("cancel a campaign's jobs that have not started",
+               "Cancel every job of the campaign that has not started; jobs running now "
+               "finish.", "[MODULE:APP] ID"),
+}
+
+
 def add_commands(sub: Any) -> None:
-    p = sub.add_parser(
+    top = sub.add_parser(
         "campaign", help="list campaigns, show one (--watch: live progress), cancel one",
-        usage=USAGE, description="Campaigns: many jobs as one object. show --watch draws "
-        "a live progress bar until the campaign completes.")
-    p.add_argument("action", choices=("list", "show", "cancel"))
-    p.add_argument("where", nargs="*", metavar="[MODULE:APP] ID",
-                   help="the app (optional) and, for show and cancel, the campaign id")
-    add_common(p, app=False)
-    p.add_argument("--json", action="store_true", help="print JSON (with --watch: one "
-                   "object per line)")
-    p.add_argument("--watch", action="store_true", help="show: follow until completed")
-    p.add_argument("--interval", type=seconds(zero_ok=False), default=1.0, metavar="S",
-                   help="--watch: seconds between looks [default 1]")
-    p.add_argument("--limit", type=int_at_least(1), default=LIST_LIMIT, metavar="N",
-                   help=f"list at most N campaigns, newest first [default {LIST_LIMIT}]")
-    p.set_defaults(handler=guarded("campaign", cmd_campaign))
+        usage="batchq campaign {list,show,cancel} [MODULE:APP] [ID] [options]",
+        description="Campaigns: many jobs as one object. show --watch draws a live "
+        "progress bar until the campaign completes. batchq campaign ACTION --help for "
+        "each action.")
+    acts = top.add_subparsers(dest="action", required=True, metavar="{list,show,cancel}",
+                              prog="batchq campaign")
+    for action, (summary, description, shape) in ACTIONS.items():
+        p = acts.add_parser(action, help=summary, description=description,
+                            usage=f"batchq campaign {action} {shape} [--json] "
+                            "[--redis-url URL] [--namespace NS]")
+        p.add_argument("where", nargs="*", metavar="[MODULE:APP] ID" if action != "list"
+                       else "MODULE:APP", help="the app (optional)" + (
+                           " and the campaign id" if action != "list" else ""))
+        add_common(p, app=False)
+        p.add_argument("--json", action="store_true", help="print JSON" + (
+            " (with --watch: one object per line)" if action == "show" else ""))
+        # flags of another action are accepted, hidden, to say where they apply
+        show, listing = action == "show", action == "list"
+        p.add_argument("--watch", action="store_true",
+                       help="follow until completed" if show else argparse.SUPPRESS)
+        p.add_argument("--interval", type=seconds(zero_ok=False, high=MAX_INTERVAL_S),
+                       default=1.0, metavar="S",
+                       help="--watch: seconds between looks [default 1]" if show
+                       else argparse.SUPPRESS)
+        p.add_argument("--limit", type=int_at_least(1), default=LIST_LIMIT, metavar="N",
+                       help=f"at most N campaigns [default {LIST_LIMIT}]" if listing
+                       else argparse.SUPPRESS)
+        p.set_defaults(handler=guarded("campaign", cmd_campaign))

@@ -7,10 +7,12 @@ Every command reaches Redis either through an app (``MODULE:APP``) or through
 the app's > ``$BATCHQ_NAMESPACE`` > ``batchq``. A password is never printed: URLs are
 shown redacted, and any text written goes through a last scrub of the known passwords.
 
-Every command takes the app first (``batchq dead list MODULE:APP QUEUE``); the older
-order with the app last (``dead list QUEUE MODULE:APP``) still works, told apart by the
-``:`` that queue and task names cannot contain. Data read from Redis is shown escaped:
-control characters and bytes that are not UTF-8 never reach the terminal raw.
+An app is ``MODULE:APP``, or a bare ``MODULE`` whose ``app`` is the App, wherever a
+command takes one. Every command takes the app first (``batchq dead list MODULE:APP
+QUEUE``); the older order with the app last (``dead list QUEUE MODULE:APP``) still works,
+told apart by the ``:`` that queue and task names cannot contain. Data read from Redis is
+shown escaped: control characters and bytes that are not UTF-8 never reach the terminal
+raw.
 
 Exit codes come from ``batchq.exitcodes``: 0 ok, 1 error, 2 usage, 3 cannot import the
 app, 4 cannot reach Redis.
@@ -203,6 +205,17 @@ def load(ref: str, taken: str = "") -> App:
         return load_app(ref)
     except AppImportError as exc:
         raise Fail(exitcodes.EXIT_IMPORT, f"{exc}{taken}") from None
+
+
+def app_only(values: list[str], hint: str = "") -> str | None:
+    """The app reference of a command whose only positional is the optional app
+    (``campaign list``), read as ``info`` and ``worker`` read theirs: ``MODULE:APP``, or
+    a bare ``MODULE`` whose ``app`` is the App. ``hint`` is added to the message when
+    more than one value is given."""
+    if len(values) > 1:
+        extra = f" ({hint})" if hint else ""
+        raise usage(f"too many arguments {values!r}: expected [MODULE:APP]{extra}")
+    return values[0] if values else None
 
 
 def app_and(values: list[str], role: str) -> tuple[str | None, App | None, str]:

@@ -12,12 +12,11 @@ from typing import Any
 
 from .. import exitcodes
 from ..queue import DeadJob, Queue
+from .audit import audited
 from .common import add_common, app_and, dumps, err, guarded, iso, out, table, target, text, usage
 from .flags import int_at_least
 
 DEAD_LIST_LIMIT = 100
-USAGE = ("batchq dead {list,show,retry,purge} [MODULE:APP] QUEUE [--id ID ... | --all | "
-         "--limit N] [--json] [--redis-url URL] [--namespace NS]")
 
 
 def _summary(j: DeadJob) -> dict[str, Any]:
@@ -59,13 +58,13 @@ def cmd_dead(args: argparse.Namespace) -> int:
     t = target(args, loaded)
     q = t.queue(queue)
     ids: list[str] | None = list(dict.fromkeys(args.ids)) if args.ids else None
-    if action == "retry":
-        n = q.retry_dead(ids)
-        _report_count(args, "retried", n, ids, q, "back to ready")
-        return exitcodes.EXIT_OK
-    if action == "purge":
-        n = q.purge_dead(ids)
-        _report_count(args, "purged", n, ids, q, "deleted")
+    if action in ("retry", "purge"):
+        which = "all" if ids is None else " ".join(ids) if len(ids) <= 5 else f"{len(ids)} ids"
+        with audited(t, f"dead_{action}", f"queue {q.name} dead jobs: {which}") as note:
+            n = q.retry_dead(ids) if action == "retry" else q.purge_dead(ids)
+            note.detail = f"{n} jobs"
+        _report_count(args, "retried" if action == "retry" else "purged", n, ids, q,
+                      "back to ready" if action == "retry" else "deleted")
         return exitcodes.EXIT_OK
     total = q.dead_count()
     limit: int | None = args.limit
@@ -137,21 +136,48 @@ def _show(args: argparse.Namespace, q: Queue, jobs: list[DeadJob]) -> None:
             out("traceback:  -")
 
 
+ACTIONS = {
+    "list": ("list the dead jobs of a queue, oldest first",
+             f"A table of the dead jobs of QUEUE (at most {DEAD_LIST_LIMIT} unless --limit or "
+             "--all): id, task, reason, first line of the error, attempts, when."),
+    "show": ("show dead jobs in full (arguments, error, traceback)",
+             "Every field of the dead jobs named by --id (repeatable), or of the oldest N "
+             "(--limit N), or of all (--all)."),
+    "retry": ("put dead jobs back to ready with fresh attempts",
+              "Move the dead jobs named by --id (repeatable), or every one (--all), back "
+              "to the ready list of QUEUE."),
+    "purge": ("delete dead jobs for good",
+              "Delete the dead jobs named by --id (repeatable), or every one (--all)."),
+}
+
+
 def add_commands(sub: Any) -> None:
-    p = sub.add_parser(
-        "dead", help="list, show, retry or purge dead-lettered jobs", usage=USAGE,
+    top = sub.add_parser(
+        "dead", help="list, show, retry or purge dead-lettered jobs",
+        usage="batchq dead {list,show,retry,purge} [MODULE:APP] QUEUE [options]",
         description="Dead-lettered jobs of one queue. retry and purge need --id or --all; "
         "show needs --id, --all or --limit. The app comes first, as in every command "
-        "(the older order QUEUE MODULE:APP still works).")
-    p.add_argument("action", choices=("list", "show", "retry", "purge"))
-    p.add_argument("where", nargs="+", metavar="[MODULE:APP] QUEUE",
-                   help="the app (optional) and the queue")
-    add_common(p, app=False)
-    p.add_argument("--id", dest="ids", action="append", default=[], metavar="ID",
-                   help="a dead job id (repeatable)")
-    p.add_argument("--all", action="store_true", help="every dead job of the queue")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--limit", type=int_at_least(1), default=None, metavar="N",
-                   help=f"list/show at most N jobs, oldest first (list default "
-                   f"{DEAD_LIST_LIMIT})")
-    p.set_defaults(handler=guarded("dead", cmd_dead))
+        "(the older order QUEUE MODULE:APP still works). "
+        "batchq dead ACTION --help for each action.")
+    acts = top.add_subparsers(dest="action", required=True, metavar="{list,show,retry,purge}",
+                              prog="batchq dead")
+    for action, (summary, description) in ACTIONS.items():
+        limited = action in ("list", "show")
+        flags = "[--id ID ... | --all" + (" | --limit N] " if limited else "] ")
+        p = acts.add_parser(
+            action, help=summary, description=description,
+            usage=f"batchq dead {action} [MODULE:APP] QUEUE {flags}[--json] "
+            "[--redis-url URL] [--namespace NS]")
+        p.add_argument("where", nargs="+", metavar="[MODULE:APP] QUEUE",
+                       help="the app (optional) and the queue")
+        add_common(p, app=False)
+        p.add_argument("--id", dest="ids", action="append", default=[], metavar="ID",
+                       help="a dead job id (repeatable)")
+        p.add_argument("--all", action="store_true", help="every dead job of the queue")
+        p.add_argument("--json", action="store_true", help="print JSON")
+        # retry and purge take --limit only to say that it does not apply to them
+        p.add_argument("--limit", type=int_at_least(1), default=None, metavar="N",
+                       help=("at most N jobs, oldest first" + (
+                           f" [default {DEAD_LIST_LIMIT}]" if action == "list" else ""))
+                       if limited else argparse.SUPPRESS)
+        p.set_defaults(handler=guarded("dead", cmd_dead))

@@ -52,6 +52,16 @@ PROGRESS_EVERY_PLAIN_S = 1.0
 """Progress line period when forced on a non-terminal (one line each)."""
 MAX_BAD_REPORTS = 100
 """Bad lines reported one by one; the rest are only counted."""
+MIN_MAX_LINE_BYTES = 1 << 20
+"""The least default of ``--max-line-bytes`` (the default is twice the app's
+``max_payload_bytes``: a JSON line is longer than the job it encodes)."""
+MAX_CHUNK = 100_000
+"""``--chunk``: lines held before one ``enqueue_many``."""
+MAX_START_LINE = 10**12
+MAX_LINE_BYTES = 1 << 30
+"""``--max-line-bytes``: at most a GiB, held in memory at once."""
+SKIP_CHUNK_BYTES = 1 << 16
+"""How much of a line over the limit is read at a time while it is skipped."""
 
 class _Progress:
     """One progress line on stderr, refreshed at most every ``every`` seconds."""
@@ -197,12 +207,28 @@ class _LineChecker:
         return Call(*args, **kwargs), None
 
 
-def _lines(f: IO[bytes]) -> Iterator[tuple[int, bytes, int]]:
-    """``(line number from 1, line, byte offset after it)``, streamed."""
+def _lines(f: IO[bytes], max_bytes: int) -> Iterator[tuple[int, bytes | None, int, int]]:
+    """``(line number from 1, line, byte offset after it, its length without the
+    newline)``, streamed. A line longer than ``max_bytes`` comes as ``None``: it is read
+    past in chunks, never held whole."""
     pos = 0
-    for n, raw in enumerate(f, 1):
-        pos += len(raw)
-        yield n, raw, pos
+    n = 0
+    while True:
+        raw = f.readline(max_bytes + 1)
+        if not raw:
+            return
+        n += 1
+        size = len(raw)
+        if size > max_bytes and not raw.endswith(b"\n"):
+            tail = raw
+            while tail and not tail.endswith(b"\n"):
+                tail = f.readline(SKIP_CHUNK_BYTES)
+                size += len(tail)
+            pos += size
+            yield n, None, pos, size - tail.endswith(b"\n")
+            continue
+        pos += size
+        yield n, raw, pos, size - raw.endswith(b"\n")
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
@@ -253,6 +279,8 @@ def _enqueue_stream(args: argparse.Namespace, task: Task[..., Any], f: IO[bytes]
     tty = sys.stderr.isatty()
     progress = _Progress(tty if args.progress is None else args.progress, tty, size)
     checker = _LineChecker(task)
+    max_line: int = args.max_line_bytes or max(MIN_MAX_LINE_BYTES,
+                                                2 * task.app.max_payload_bytes)
     abort = args.on_error == "abort"
     enqueued = skipped = reported = 0
     calls: list[Call] = []
@@ -313,15 +341,19 @@ def _enqueue_stream(args: argparse.Namespace, task: Task[..., Any], f: IO[bytes]
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         started = False
-        for n, raw, pos in _lines(f):
+        line_start = 0
+        for n, raw, pos, nbytes in _lines(f, max_line):
             if n < start:
+                line_start = pos
                 continue
             if not started:
                 started = True
-                progress.start(pos - len(raw))
+                progress.start(line_start)
             line = n
             in_chunk += 1
-            item, problem = checker.parse(raw)
+            item, problem = checker.parse(raw) if raw is not None else (
+                None, f"line of {nbytes:,} bytes, above the limit of {max_line:,} "
+                "(--max-line-bytes): not read")
             if problem is not None:
                 bad(n, problem)
                 if abort:
@@ -420,11 +452,17 @@ def add_commands(sub: Any) -> None:
         "and a rerun of a file that finished enqueues nothing unless --again is given.")
     p.add_argument("app", metavar="MODULE:APP", help="the app defining the task")
     p.add_argument("task", metavar="TASK", help="task name")
-    p.add_argument("--from", dest="from_file", required=True, metavar="FILE.jsonl")
-    p.add_argument("--chunk", type=int_at_least(1), default=1000, metavar="N",
+    p.add_argument("--from", dest="from_file", required=True, metavar="FILE.jsonl",
+                   help="the JSON-lines file, one job per line")
+    p.add_argument("--chunk", type=int_at_least(1, MAX_CHUNK), default=1000, metavar="N",
                    help="lines per enqueue_many call (default 1000)")
-    p.add_argument("--start-line", type=int_at_least(1), default=None, metavar="N",
+    p.add_argument("--start-line", type=int_at_least(1, MAX_START_LINE), default=None,
+                   metavar="N",
                    help="start at line N (1-based), ignoring a progress file")
+    p.add_argument("--max-line-bytes", type=int_at_least(1, MAX_LINE_BYTES), default=None,
+                   metavar="N", help="a longer line is a bad line, skipped without being "
+                   "read whole [default twice the app's max_payload_bytes, at least "
+                   f"{MIN_MAX_LINE_BYTES:,}]")
     p.add_argument("--again", action="store_true",
                    help="start over at line 1 even if the progress file says the file was "
                    "enqueued completely (or partly)")

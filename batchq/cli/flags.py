@@ -13,133 +13,157 @@ import argparse
 import math
 import os
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 from urllib.parse import urlsplit
 
 import redis.connection
 
-from ..connection import CLUSTER_SCHEMES, plain_url, redact
+from ..connection import CLUSTER_SCHEMES, check_url, plain_url, redact
+from ..exitcodes import EXIT_USAGE
+from ..sentinel import SENTINEL_SCHEMES, is_sentinel_url
 from ..worker.selection import MAX_WEIGHT, ORDERS
 
-URL_SCHEMES = ("redis", "rediss", "unix", *CLUSTER_SCHEMES)
+URL_SCHEMES = ("redis", "rediss", "unix", *CLUSTER_SCHEMES, *SENTINEL_SCHEMES)
 
 
 class UsageError(Exception):
     """A bad setting found outside argparse (an environment variable): exit 2."""
 
 
-def _number(raw: str, kind: Callable[[str], Any]) -> Any:
-    try:
-        return kind(raw.strip())
-    except ValueError:
-        name = "an integer" if kind is int else "a number"
-        raise argparse.ArgumentTypeError(f"expected {name}, got {raw!r}") from None
+class Parser(argparse.ArgumentParser):
+    """The parser of every ``batchq`` command and subcommand (``add_subparsers`` makes
+    its children of the parent's class): a usage error is one line on stderr, the error
+    first, and exit 2. argparse's own prints the whole usage block before it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
-def int_at_least(low: int) -> Callable[[str], int]:
-    """An integer ``>= low``."""
-
-    def parse(raw: str) -> int:
-        v: int = _number(raw, int)
-        if v < low:
-            raise argparse.ArgumentTypeError(f"must be at least {low}, got {v}")
-        return v
-
-    parse.__name__ = f"int>={low}"
-    return parse
+MAX_INT = 2**31 - 1
+"""The largest count a flag takes unless it says otherwise: a C ``int`` (what
+``gc.set_threshold`` accepts), far below the 2^63 past which Redis refuses a count."""
+MAX_SECONDS = 365 * 86400.0
+"""The longest duration a flag takes unless it says otherwise: a year."""
 
 
-def port(raw: str) -> int:
-    """A TCP port, 0..65535 (0: the caller decides, e.g. "disabled")."""
-    v: int = _number(raw, int)
-    if not 0 <= v <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number 0..65535, got {v}")
-    return v
+def _shown(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
 
 
-def seconds(*, zero_ok: bool) -> Callable[[str], float]:
-    """A finite number of seconds, positive (or ``>= 0`` with ``zero_ok``)."""
+class Numeric:
+    """A numeric flag type: parses a value, checks it against its bounds and names them
+    in the message. The bounds are attributes, so tests read them from the parser:
+    every numeric flag of every command has a ``Numeric`` as its ``type``."""
 
-    def parse(raw: str) -> float:
-        v: float = _number(raw, float)
+    def __init__(self, name: str, *, integer: bool, low: float, high: float,
+                 low_open: bool = False, unit: str = "", bounds_text: str = "") -> None:
+        self.__name__ = name  # argparse names a type by it in its own messages
+        self.integer = integer
+        self.low = low
+        self.high = high
+        self.low_open = low_open
+        """``low`` itself is refused: a number above ``low``."""
+        self.unit = unit
+        self.bounds_text = bounds_text
+
+    def __repr__(self) -> str:
+        return f"<{self.__name__}: {self.bounds()}>"
+
+    def bounds(self) -> str:
+        """The accepted range in words, e.g. ``1 to 10000``."""
+        if self.bounds_text:
+            return self.bounds_text
+        unit = f" {self.unit}" if self.unit else ""
+        if self.low_open:
+            return f"above {_shown(self.low)} and at most {_shown(self.high)}{unit}"
+        return f"{_shown(self.low)} to {_shown(self.high)}{unit}"
+
+    def accepts(self, v: float) -> bool:
+        if not math.isfinite(v) or v > self.high:
+            return False
+        return v > self.low if self.low_open else v >= self.low
+
+    def value(self, raw: str) -> float:
+        """The number ``raw`` holds, before its bounds are checked."""
+        try:
+            return int(raw.strip()) if self.integer else float(raw.strip())
+        except ValueError:
+            name = "an integer" if self.integer else "a number"
+            raise argparse.ArgumentTypeError(f"expected {name}, got {raw!r}") from None
+
+    def __call__(self, raw: str) -> Any:
+        v = self.value(raw)
         if not math.isfinite(v):
-            raise argparse.ArgumentTypeError(f"must be a finite number, got {raw.strip()!r}")
-        if v < 0 or (v == 0 and not zero_ok):
-            what = "zero or positive" if zero_ok else "positive"
-            raise argparse.ArgumentTypeError(f"must be {what}, got {raw.strip()!r}")
-        return v
-
-    parse.__name__ = "seconds"
-    return parse
-
-
-def seconds_between(low: float, high: float) -> Callable[[str], float]:
-    """A number of seconds from ``low`` to ``high``."""
-    check = seconds(zero_ok=True)
-
-    def parse(raw: str) -> float:
-        v = check(raw)
-        if not low <= v <= high:
             raise argparse.ArgumentTypeError(
-                f"must be {low:g} to {high:g} seconds, got {raw.strip()!r}")
+                f"must be a finite number ({self.bounds()}), got {raw.strip()!r}")
+        if not self.accepts(v):
+            got = str(v) if self.integer else repr(raw.strip())
+            raise argparse.ArgumentTypeError(f"must be {self.bounds()}, got {got}")
         return v
 
-    parse.__name__ = "seconds"
-    return parse
 
-
-def count_between(low: int, high: int) -> Callable[[str], int]:
+def int_at_least(low: int, high: int = MAX_INT) -> Numeric:
     """An integer from ``low`` to ``high``."""
-
-    def parse(raw: str) -> int:
-        v: int = _number(raw, int)
-        if not low <= v <= high:
-            raise argparse.ArgumentTypeError(f"must be {low} to {high}, got {v}")
-        return v
-
-    parse.__name__ = "count"
-    return parse
+    return Numeric(f"int>={low}", integer=True, low=low, high=high)
 
 
-def positive_number(high: float) -> Callable[[str], float]:
+def count_between(low: int, high: int, *, bounds_text: str = "") -> Numeric:
+    """An integer from ``low`` to ``high``."""
+    return Numeric("count", integer=True, low=low, high=high, bounds_text=bounds_text)
+
+
+port = Numeric("port", integer=True, low=0, high=65535, bounds_text="a port number 0..65535")
+"""A TCP port, 0..65535 (0: the caller decides, e.g. "disabled")."""
+
+
+def seconds(*, zero_ok: bool, high: float = MAX_SECONDS) -> Numeric:
+    """A finite number of seconds up to ``high``, positive (or ``>= 0`` with
+    ``zero_ok``)."""
+    return Numeric("seconds", integer=False, low=0.0, high=high, low_open=not zero_ok,
+                   unit="seconds")
+
+
+def seconds_between(low: float, high: float) -> Numeric:
+    """A number of seconds from ``low`` to ``high``."""
+    return Numeric("seconds", integer=False, low=low, high=high, unit="seconds")
+
+
+def positive_number(high: float) -> Numeric:
     """A finite number in ``(0, high]``."""
-
-    def parse(raw: str) -> float:
-        v: float = _number(raw, float)
-        if not math.isfinite(v) or not 0 < v <= high:
-            raise argparse.ArgumentTypeError(
-                f"must be a number above 0 and at most {high:g}, got {raw.strip()!r}")
-        return v
-
-    parse.__name__ = "number"
-    return parse
+    return Numeric("number", integer=False, low=0.0, high=high, low_open=True)
 
 
 RATE_UNITS = {"s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
 
-def rate(high: float) -> Callable[[str], float]:
+class Rate(Numeric):
     """A rate per second: ``100``, ``100/s``, ``600/m`` or ``36000/h``, in ``(0, high]``
     per second once converted."""
 
-    def parse(raw: str) -> float:
-        value, slash, unit = raw.strip().partition("/")
+    def __init__(self, high: float) -> None:
+        super().__init__("rate", integer=False, low=0.0, high=high, low_open=True,
+                         unit="per second")
+
+    def value(self, raw: str) -> float:
+        number, slash, unit = raw.strip().partition("/")
         per = RATE_UNITS.get(unit.strip().lower()) if slash else 1.0
         if per is None:
             raise argparse.ArgumentTypeError(
                 f"expected N, N/s, N/m or N/h, got {raw.strip()!r}")
-        v: float = _number(value, float)
-        if not math.isfinite(v) or v <= 0:
-            raise argparse.ArgumentTypeError(
-                f"must be a number of jobs per second above 0, got {raw.strip()!r}")
-        v /= per
-        if v > high:
-            raise argparse.ArgumentTypeError(
-                f"must be at most {high:g}/s, got {raw.strip()!r}")
-        return v
+        return super().value(number) / per
 
-    parse.__name__ = "rate"
-    return parse
+
+def rate(high: float) -> Rate:
+    """See ``Rate``."""
+    return Rate(high)
+
+
+def queue_name(raw: str) -> str:
+    """One queue name: not empty (an empty name would mean "every queue" to some
+    commands)."""
+    if not raw.strip():
+        raise argparse.ArgumentTypeError(f"a queue name cannot be empty, got {raw!r}")
+    return raw
 
 
 def boolean(raw: str) -> bool:
@@ -160,13 +184,18 @@ class QueueSpec(NamedTuple):
 
 def queue_spec(raw: str) -> QueueSpec:
     """Comma-separated queue names, each optionally ``=WEIGHT`` (an integer 1..1000;
-    a queue without one weighs 1); no queue twice."""
+    a queue without one weighs 1); no queue twice, no empty name."""
     names: list[str] = []
     weights: list[int] = []
     weighted = False
+    if not raw.strip():
+        # "" would read as no queue given, that is every queue of the app
+        raise argparse.ArgumentTypeError(
+            f"a queue name cannot be empty, got {raw!r} (leave -q out to serve every "
+            "queue of the app's tasks)")
     for item in (x.strip() for x in raw.split(",")):
         if not item:
-            continue
+            raise argparse.ArgumentTypeError(f"a queue name is missing in {raw!r}")
         name, eq, w = (x.strip() for x in item.partition("="))
         if not name:
             raise argparse.ArgumentTypeError(f"a queue name is missing in {item!r}")
@@ -206,6 +235,12 @@ def redis_url(raw: str) -> str:
 def url_problem(url: str) -> str | None:
     """Why ``url`` is not a usable Redis URL (password redacted), or None."""
     shown = _safe_redact(url)
+    if is_sentinel_url(url):  # several hosts and a service name: its own parser
+        try:
+            check_url(url)
+        except ValueError as exc:
+            return str(exc)
+        return None
     try:
         parts = urlsplit(url)
         scheme = parts.scheme.lower()
@@ -250,8 +285,10 @@ def opt(p: argparse.ArgumentParser, *flags: str, env: str, default: Any,
         kind: Callable[[str], Any] = str, help: str, **kw: Any) -> None:
     """A flag that falls back to ``BATCHQ_<env>`` and then to ``default``."""
     var = f"BATCHQ_{env}"
-    shown = "unset" if default is None else default
-    text = f"{help} [env {var}; default {shown}]"
+    # nothing to show for a switch, an empty list or no value: "default False" and
+    # "default ]" said nothing
+    empty = kind is boolean or default is None or default == "" or default == ()
+    text = f"{help} [env {var}]" if empty else f"{help} [env {var}; default {default}]"
     if kind is boolean:
         p.add_argument(*flags, action="store_true", default=env_default(var, default, kind),
                        help=text, **kw)

@@ -102,6 +102,12 @@ def render_info(t: Target, snap: dict[str, Any]) -> str:
                            right={2, 4, 5, 6, 7, 8, 9}))
         lines.append(f"(worker counts are as of each one's last heartbeat; a worker that "
                      f"stopped is listed until its heartbeat is {STALE_AFTER_S:g}s old)")
+        for w in ws:
+            r = w.get("restarts")
+            if isinstance(r, dict) and any(r.values()):
+                lines.append(f"worker {text(w.get('id', ''))}: its supervisor had replaced "
+                             + ", ".join(f"{n} ({text(k)})" for k, n in r.items() if n)
+                             + " worker processes before it")
     ps: list[dict[str, Any]] = snap.get("periodic", [])
     if ps:
         lines += ["", f"periodic tasks: {len(ps)}", _periodic_table(ps)]
@@ -127,11 +133,14 @@ def _limit_text(lim: dict[str, Any]) -> str:
     return " ".join(bits)
 
 
-def wait_text(state: str, until_s: float) -> str:
-    """How a waiting group waits: ``blocked`` (at its concurrency limit) or ``held
-    4m10s`` (a hold or its next rate token)."""
+def wait_text(state: str, until_s: float, why: str | None = None) -> str:
+    """How a waiting group waits: ``blocked`` (at its concurrency limit), ``held 4m10s``
+    (a hold or its next rate token; ``(RateLimited)`` or ``(operator)``: a hold and who
+    set it) or ``throttled``."""
     if state == "blocked":
         return "blocked (concurrency)"
+    if why:
+        return f"held {duration(until_s)} ({text(why)})"
     return f"held {duration(until_s)}" if until_s >= 1 else "throttled"
 
 
@@ -144,14 +153,16 @@ def _flow_lines(qs: dict[str, dict[str, Any]]) -> list[str]:
             continue
         if not lines:
             lines += ["", "flow control:"]
-        held = f", queue held {duration(f['held_s'])}" if f["held_s"] else ""
+        why = f" ({text(f['held_why'])})" if f.get("held_why") else ""
+        held = f", queue held {duration(f['held_s'])}{why}" if f["held_s"] else ""
         lines.append(f"  {text(name)}: {f['grouped']} grouped jobs ready, groups "
                      f"{f['groups_ready']} ready / {f['groups_waiting']} waiting{held}")
         lines += [f"    limit {_limit_text(x)}" for x in f["limits"][:LIMITS_LISTED]]
         more = f["limits_total"] - min(len(f["limits"]), LIMITS_LISTED)
         if more > 0:
             lines.append(f"    (+{more} more limits: batchq limit list {text(name)})")
-        lines += [f"    waiting {text(g['group'])}: {wait_text(g['state'], g['until_s'])} "
+        lines += [f"    waiting {text(g['group'])}: "
+                  f"{wait_text(g['state'], g['until_s'], g.get('why'))} "
                   f"(pending {g['pending']}, running {g['running']})"
                   for g in f["waiting_groups"]]
     return lines

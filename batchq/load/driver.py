@@ -12,6 +12,13 @@ The process that starts a run only watches it: its ``--producers N`` (default 1)
 child processes (``--join RUN --part k/N``) that split the schedule and do nothing but
 send; ``--join RUN`` on another machine adds that
 machine's sends (its own profile, or the run's when it gives none).
+
+A run never outlasts its schedule by much: a producer that cannot keep up stops sending
+``SEND_GRACE_S`` after the schedule's end and counts what it left (``unsent``), and the
+run is then marked ``incomplete`` with the reason (``finish``), which makes the workers
+acknowledge its jobs still queued without running them. Before a fast run, ``calibrate``
+measures what one producer process sends here, so a rate out of reach is refused before
+anything is sent.
 """
 
 from __future__ import annotations
@@ -35,12 +42,21 @@ from .merge import RUN_TTL_S, RunData, Share, decode_hash, window
 from .probe import LOAD_KWARG
 from .profiles import WINDOW_S, AbortRule, describe, from_spec, to_spec
 
-__all__ = ["Driver", "RunGone", "new_run_id"]
+__all__ = ["Driver", "RunGone", "calibrate", "new_run_id", "out_of_reach", "peak_rate"]
 
 PROGRESS_EVERY_S = 1.0
 CHILD_LEAD_S = 2.0
 """The schedule starts this long after the run is opened: time for the producer processes
 to start (a late one sends its backlog late, and its send lateness says so)."""
+SEND_GRACE_S = 2.0
+"""A producer sends nothing later than this after its schedule's end: what it has not
+sent by then is counted as unsent, and the run reported incomplete."""
+STOPPED = frozenset({"aborted", "incomplete", b"aborted", b"incomplete"})
+"""Statuses of a run that is over: its producers stop, its queued jobs are skipped."""
+CALIBRATE_S = 0.5
+"""How long ``calibrate`` sends for."""
+CALIBRATE_BATCH = 1000
+"""Jobs per send while calibrating: the open loop's largest send."""
 
 
 class RunGone(Exception):
@@ -133,7 +149,7 @@ class Driver:
             except Exception as exc:
                 self.say(f"merging the producer's figures failed: {exc}")
                 return
-            if status is None or status in (b"aborted", "aborted"):
+            if status is None or status in STOPPED:
                 st.stopped = True
 
         async def merge_loop() -> None:
@@ -149,10 +165,13 @@ class Driver:
         merger = asyncio.create_task(merge_loop())
         try:
             await aopen_loop(send, profile.mean_rate, profile.duration_s, state=st,
-                             profile=profile, part=part, start_s=start_s)
+                             profile=profile, part=part, start_s=start_s,
+                             deadline_s=start_s + profile.duration_s + SEND_GRACE_S)
         finally:
             merger.cancel()
             await asyncio.gather(merger, return_exceptions=True)
+            if not st.stopped and st.total > st.sent + st.errors:
+                share.count("unsent", st.total - st.sent - st.errors)
             await merge(True)
         return st
 
@@ -190,13 +209,21 @@ class Driver:
 
     async def abort(self, why: str) -> None:
         self.abort_reason = why
-        share = Share()
-        share.meta_set["status"] = "aborted"
-        share.meta_set["reason"] = why
-        await self.scripts.call(share.call(self.keys))
+        await self._set_status("aborted", why)
         if self.state is not None:
             self.state.stopped = True
         self.say(f"aborting: {why}")
+
+    async def finish(self, why: str) -> None:
+        """End a run that did not go as scheduled: status ``incomplete`` with the
+        reason; the workers acknowledge its jobs still queued without running them."""
+        await self._set_status("incomplete", why)
+
+    async def _set_status(self, status: str, why: str) -> None:
+        share = Share()
+        share.meta_set["status"] = status
+        share.meta_set["reason"] = why
+        await self.scripts.call(share.call(self.keys))
 
     async def watch(self, until: Callable[[], bool]) -> None:
         while not until():
@@ -220,6 +247,59 @@ class Driver:
                 break
             await asyncio.sleep(0.2)
         return await self.read(timeline=True)
+
+
+async def calibrate(task: Any, job_args: list[Any], job_kwargs: dict[str, Any],
+                    seconds: float = CALIBRATE_S) -> float:
+    """Jobs per second one producer process sends here: ``task``'s jobs with these
+    arguments, sent as fast as possible for ``seconds`` in the run's largest batches, to
+    a scratch namespace of the same Redis, deleted afterwards."""
+    from ..app import App
+    from ..keys import queues_key, shards_key
+    from ..producer import Call
+
+    scratch = App(task.app.redis_url, namespace=f"batchq-calibrate-{secrets.token_hex(4)}")
+    scratch.redis_settings = task.app.redis_settings
+    scratch.task(name=task.name, queue=task.queue)(lambda *a, **k: None)
+    sender = scratch.tasks[task.name].options(max_attempts=1)
+    batch = [Call(*job_args, **job_kwargs, **{LOAD_KWARG: ["calibrate", 0]})
+             for _ in range(CALIBRATE_BATCH)]
+    sent = 0
+    t0 = time.perf_counter()
+    try:
+        while (elapsed := time.perf_counter() - t0) < seconds or not sent:
+            await sender.aenqueue_many(batch)
+            sent += len(batch)
+        return sent / max(elapsed, 1e-6)
+    finally:
+        queue = scratch.queue(task.queue)
+        for q in queue.shards():
+            # its sequence counter too: nothing ever uses this namespace again
+            await scratch.async_redis().delete(*q.keys.all(), q.keys.seq)
+        for key in (queues_key(scratch.namespace), shards_key(scratch.namespace)):
+            await scratch.async_redis().delete(key)  # one by one: not one slot
+        await scratch.aclose()
+        scratch.close()
+
+
+def peak_rate(profile: Profile) -> float:
+    """The profile's highest rate, jobs per second."""
+    return max(max(r0, r1) for _, r0, r1 in profile.segments)
+
+
+async def out_of_reach(task: Any, profile: Profile, producers: int, job_args: list[Any],
+                       job_kwargs: dict[str, Any]) -> str:
+    """Why ``producers`` producer processes on this machine cannot send the profile's
+    peak rate ("" when they can), from a calibration of one of them."""
+    peak = peak_rate(profile)
+    # producers on one machine share its cores
+    ceiling = await calibrate(task, job_args, job_kwargs) * min(producers,
+                                                                os.cpu_count() or 1)
+    if peak <= ceiling:
+        return ""
+    return (f"a peak rate of {peak:,.0f} jobs/s is beyond what {producers} producer "
+            f"process(es) can send here: about {ceiling:,.0f} jobs/s (measured over "
+            f"{CALIBRATE_S:g} s)")
 
 
 def spawn_children(app_ref: str, task: str, run_id: str, n: int, redis_url: str

@@ -12,14 +12,14 @@ retried or dead-lettered (a timeout still fails it the usual way). A handler can
 report an outcome without raising: ``batchq.current_job().record(status="429")``.
 
 Once a second the probe merges every run's share with one ``load_merge.lua`` call per
-run; the reply carries the run's status, and jobs of an aborted run are acknowledged
-without running (counted as ``skipped``).
+run; the reply carries the run's status, and jobs of a run that is over (aborted, or
+incomplete: its schedule could not be kept) are acknowledged without running (counted
+as ``skipped``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import functools
 import logging
 import threading
@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..context import current_job, load_var
 from ..keys import LoadKeys, load_keys
 
 if TYPE_CHECKING:
@@ -46,10 +47,10 @@ MERGE_EVERY_S = 1.0
 
 
 class CurrentJob:
-    """The job running in this context, as ``batchq.current_job()`` returns it.
-
-    Outside a load job (``batchq bench load``) ``job`` is None and ``record`` does
-    nothing, so a task may report outcomes in production code too, at no cost."""
+    """A load job's recorder: ``batchq.current_job().record(...)`` (``JobContext``) hands
+    its calls to the one of the load job running in this context (``load_var``), and
+    does nothing outside a load run, so a task may report outcomes in production code
+    too, at no cost."""
 
     __slots__ = ("job", "message", "run_id", "status")
 
@@ -68,14 +69,7 @@ class CurrentJob:
         self.message = str(message)
 
 
-_NOT_A_LOAD_JOB = CurrentJob()
-_current: contextvars.ContextVar[CurrentJob] = contextvars.ContextVar(
-    "batchq_current_job", default=_NOT_A_LOAD_JOB)
-
-
-def current_job() -> CurrentJob:
-    """The load job this handler runs (see ``CurrentJob``)."""
-    return _current.get()
+_current = load_var  # set while a load job's handler runs
 
 
 @dataclass
@@ -232,7 +226,7 @@ class Probe:
             if status is None:  # the run's keys are gone: stop collecting for it
                 with self.lock:
                     self.runs.pop(rid, None)
-            elif status in (b"aborted", "aborted"):
+            elif status in (b"aborted", "aborted", b"incomplete", "incomplete"):
                 run.aborted = True
 
     async def close(self) -> None:

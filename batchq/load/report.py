@@ -4,8 +4,9 @@ The JSON object has exactly the fields of issue 16: ``offered_rate``, ``achieved
 ``sent``, ``errors``, ``errors_by_type`` (type -> ``{"count", "example"}``), ``run_ms``,
 ``start_ms``, ``done_ms`` (each ``p50``, ``p90``, ``p99``, ``p999``, ``max``) and
 ``timeline`` (per second from the start: ``t``, ``sent``, ``done``, ``errors``,
-``p99_run_ms``). The table adds what explains the figures: the run id, the profile,
-an abort's reason, send lateness, the merge cost, and who was the bottleneck.
+``p99_run_ms``), and ``status`` (``complete``, ``aborted`` or ``incomplete``: the
+schedule was not kept) with its ``reason``. The table adds what explains the figures:
+the run id, the profile, send lateness, the merge cost, and who was the bottleneck.
 
 The HTML page is self-contained (inline SVG, no script, no CDN); the PNG needs
 matplotlib.
@@ -20,7 +21,8 @@ from typing import Any
 from ..loadgen import Histogram, Profile
 from .merge import RunData
 
-__all__ = ["bottlenecks", "build", "render", "write_html", "write_png"]
+__all__ = ["bottlenecks", "build", "incomplete", "render", "status", "write_html",
+           "write_png"]
 
 LATE_P99_MS = 5.0
 """Send lateness p99 above this: the generator, not the target, limited the run (a
@@ -51,9 +53,43 @@ def timeline(run: RunData) -> list[dict[str, Any]]:
     return out
 
 
+def status(run: RunData) -> str:
+    """``complete``, ``aborted`` (an abort rule, or by hand) or ``incomplete`` (the
+    producers could not keep the schedule, or jobs were left when the run ended)."""
+    got = run.meta.get("status", "")
+    return got if got in ("aborted", "incomplete") else "complete"
+
+
+def incomplete(run: RunData, settle_s: float, wedged: bool) -> str:
+    """Why a run that ended without an abort is incomplete ("" when it is not): jobs
+    never sent, producer processes that had to be stopped, or jobs not done when the
+    settle time (``--settle``) ran out."""
+    from .driver import SEND_GRACE_S
+
+    if status(run) != "complete":
+        return ""
+    why = []
+    unsent = run.num("unsent")
+    if unsent:
+        scheduled = run.sent + unsent
+        why.append(f"the producers could not keep the schedule: they sent {run.sent:,} "
+                   f"of {scheduled:,} jobs ({run.sent * 100 / max(1, scheduled):.0f} %) "
+                   f"by {SEND_GRACE_S:g} s after its end, when they stop; add --producers "
+                   "or machines (--join), or lower the rate")
+    if wedged:
+        why.append("producer processes had to be stopped")
+    left = run.sent - run.done - run.num("skipped")
+    if left > 0:
+        why.append(f"{left:,} jobs sent were not done {settle_s:g} s after the last send "
+                   "(--settle): they are acknowledged without running")
+    return "; ".join(why)
+
+
 def build(run: RunData) -> dict[str, Any]:
-    """The ``--json`` object (exactly the fields of the issue)."""
+    """The ``--json`` object."""
     return {
+        "status": status(run),
+        "reason": run.meta.get("reason", ""),
         "offered_rate": round(run.offered_rate, 3),
         "achieved_rate": round(run.achieved_rate, 3),
         "sent": run.sent,
@@ -99,13 +135,13 @@ def render(run: RunData, report: dict[str, Any]) -> str:
     rows = [
         ("run", f"{m.get('run_id', '')} task {m.get('task', '?')} (queue "
                 f"{m.get('queue', '?')}), {m.get('describe', '')}"),
-        ("status", ("aborted" if m.get("status") == "aborted" else "complete")
-         + (f": {m['reason']}" if m.get("reason") else "")),
+        ("status", status(run) + (f": {m['reason']}" if m.get("reason") else "")),
         ("offered / achieved rate", f"{report['offered_rate']:,.1f} / "
                                     f"{report['achieved_rate']:,.1f} jobs/s"),
         ("sent / done / errors", f"{report['sent']:,} / {run.done:,} / {report['errors']:,}"
-         + (f" ({run.num('skipped'):,} skipped after the abort)" if run.num("skipped")
-            else "")),
+         + (f" ({run.num('skipped'):,} skipped: the run was over)" if run.num("skipped")
+            else "")
+         + (f" ({run.num('unsent'):,} never sent)" if run.num("unsent") else "")),
         ("run time p50 / p90 / p99 / p99.9 / max", row(report["run_ms"])),
         ("enqueue-to-start", row(report["start_ms"])),
         ("enqueue-to-done", row(report["done_ms"])),
@@ -215,10 +251,10 @@ def write_png(path: Path, run: RunData, report: dict[str, Any],
     for m in profile.boundaries_s if profile else []:
         a.axvline(m, color="#999", linestyle="--", linewidth=0.8)
         b.axvline(m, color="#999", linestyle="--", linewidth=0.8)
-    status = run.meta.get("status", "")
+    over = status(run)
     fig.suptitle(f"batchq bench load {run.meta.get('task', '')}: "
                  f"{run.meta.get('describe', '')}"
-                 + (f"\naborted: {run.meta.get('reason', '')}" if status == "aborted"
+                 + (f"\n{over}: {run.meta.get('reason', '')}" if over != "complete"
                     else ""), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=90)

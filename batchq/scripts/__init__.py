@@ -8,6 +8,12 @@ scripts are queued as plain EVALSHA commands (no SCRIPT EXISTS round trip per pi
 unlike redis-py's ``Script``); ``run_pipeline`` / ``arun_pipeline`` re-run just the
 commands that hit NOSCRIPT.
 
+A managed Redis may refuse ``SCRIPT LOAD`` (the ``SCRIPT`` command renamed or denied by
+an ACL). A script whose load is refused, or whose NOSCRIPT outlives its load (a proxy
+that sends each command to another node), runs once through ``EVAL`` with its full
+source, which also puts it in the server's script cache: the calls after it are EVALSHA
+again. A refused load is remembered per script, so it is not tried again.
+
 Each script's KEYS order lives in ``calls.py`` (one typed builder per script); run a
 built call with ``scripts.call(c)``. The EVALSHA/NOSCRIPT logic is an I/O-free core
 (``_Lua.command``, ``_noscript_reruns``) with thin sync and async shells.
@@ -41,7 +47,9 @@ NAMES = ("enqueue", "schedule", "pop", "ack", "nack", "release", "extend", "redr
          "start", "trim_dead", "lock_acquire", "lock_release", "lock_extend", "periodic_tick",
          "cancel", "ack_result", "status", "reserve",
          "load_open", "load_merge", "enqueue_tracked", "campaign_queue", "campaign_open",
-         "campaign_join", "campaign_close", "campaign_finish", "enqueue_group")
+         "campaign_join", "campaign_close", "campaign_finish", "enqueue_group", "hold",
+         "gready_stats", "breaker_enter", "breaker_failure", "breaker_success",
+         "breaker_set", "breaker_state", "reroute")
 
 _CALLS = "_batchq_calls"
 
@@ -147,9 +155,21 @@ class _Lua:
     def sha(self) -> str:
         return hashlib.sha1(self.source.encode()).hexdigest()
 
+    load_refused = False
+    """The server refused this script's ``SCRIPT LOAD``: after NOSCRIPT, go to EVAL."""
+
     def command(self, keys: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:
         """The EVALSHA arguments of one call."""
         return (self.sha, len(keys), *keys, *args)
+
+    def eval_command(self, keys: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:
+        """The EVAL arguments of one call (the full source)."""
+        return (self.source, len(keys), *keys, *args)
+
+    def refused(self, exc: redis.ResponseError) -> None:
+        """``SCRIPT LOAD`` answered ``exc`` (unknown command, NOPERM): use EVAL."""
+        if not isinstance(exc, NoScriptError):
+            self.load_refused = True
 
     def _queue(self, pipe: Any, keys: Sequence[Any], args: Sequence[Any]) -> None:
         calls = getattr(pipe, _CALLS, None)
@@ -206,8 +226,18 @@ class SyncScript(_Lua):
             return run("EVALSHA", *self.command(keys, args))
         except NoScriptError:
             # NOSCRIPT: the script did not run, so running it again cannot apply it twice
-            c.script_load(self.source)
-            return run("EVALSHA", *self.command(keys, args))
+            pass
+        if not self.load_refused:
+            try:
+                c.script_load(self.source)
+            except redis.ResponseError as exc:
+                self.refused(exc)
+            else:
+                try:
+                    return run("EVALSHA", *self.command(keys, args))
+                except NoScriptError:
+                    pass
+        return run("EVAL", *self.eval_command(keys, args))
 
 
 class AsyncScript(_Lua):
@@ -232,8 +262,40 @@ class AsyncScript(_Lua):
         try:
             return await run("EVALSHA", *self.command(keys, args))
         except NoScriptError:
-            await c.script_load(self.source)
-            return await run("EVALSHA", *self.command(keys, args))
+            pass
+        if not self.load_refused:
+            try:
+                await c.script_load(self.source)
+            except redis.ResponseError as exc:
+                self.refused(exc)
+            else:
+                try:
+                    return await run("EVALSHA", *self.command(keys, args))
+                except NoScriptError:
+                    pass
+        return await run("EVAL", *self.eval_command(keys, args))
+
+
+def _rerun(client: redis.Redis, script: _Lua, keys: Sequence[Any],
+           args: Sequence[Any]) -> Any:
+    """One pipelined call that hit NOSCRIPT, after its load: EVALSHA, else EVAL."""
+    if not script.load_refused:
+        try:
+            return client.evalsha(*script.command(keys, args))
+        except NoScriptError:
+            pass  # loaded, yet unknown where the call runs: send the source
+    return client.eval(*script.eval_command(keys, args))
+
+
+async def _arerun(client: redis.asyncio.Redis, script: _Lua, keys: Sequence[Any],
+                  args: Sequence[Any]) -> Any:
+    """``_rerun`` for asyncio."""
+    if not script.load_refused:
+        try:
+            return await client.evalsha(*script.command(keys, args))
+        except NoScriptError:
+            pass
+    return await client.eval(*script.eval_command(keys, args))
 
 
 def run_pipeline(pipe: SyncPipeline | SyncClusterPipeline, client: redis.Redis) -> list[Any]:
@@ -241,10 +303,13 @@ def run_pipeline(pipe: SyncPipeline | SyncClusterPipeline, client: redis.Redis) 
     hit NOSCRIPT are loaded and run again one by one. Other errors come back in place."""
     results: list[Any] = pipe.execute(raise_on_error=False)
     for i, script, load, keys, args in _noscript_reruns(pipe, results):
-        if load:
-            client.script_load(script.source)
+        if load and not script.load_refused:
+            try:
+                client.script_load(script.source)
+            except redis.ResponseError as exc:
+                script.refused(exc)
         try:
-            results[i] = client.evalsha(*script.command(keys, args))
+            results[i] = _rerun(client, script, keys, args)
         except redis.ResponseError as exc:
             results[i] = exc
     return results
@@ -255,10 +320,13 @@ async def arun_pipeline(pipe: AsyncPipeline | AsyncClusterPipeline,
     """``run_pipeline`` for asyncio."""
     results: list[Any] = await pipe.execute(raise_on_error=False)
     for i, script, load, keys, args in _noscript_reruns(pipe, results):
-        if load:
-            await client.script_load(script.source)
+        if load and not script.load_refused:
+            try:
+                await client.script_load(script.source)
+            except redis.ResponseError as exc:
+                script.refused(exc)
         try:
-            results[i] = await client.evalsha(*script.command(keys, args))
+            results[i] = await _arerun(client, script, keys, args)
         except redis.ResponseError as exc:
             results[i] = exc
     return results
@@ -295,6 +363,14 @@ class AsyncScripts:
         """``SCRIPT LOAD`` the scripts ``names`` (on a Cluster, on every primary), so
         their first calls do not take the NOSCRIPT detour: a worker's pop that is sent
         again after NOSCRIPT can land behind a pop sent ahead of it, and its jobs would
-        start after later ones."""
+        start after later ones. A refused load (``ResponseError``) marks every script
+        to go through EVAL after NOSCRIPT, and is raised."""
         for name in names:
-            await self.client.script_load(self.by_name[name].source)
+            try:
+                await self.client.script_load(self.by_name[name].source)
+            except redis.ResponseError as exc:
+                if isinstance(exc, NoScriptError):
+                    raise
+                for script in self.by_name.values():
+                    script.refused(exc)
+                raise

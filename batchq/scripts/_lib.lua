@@ -320,9 +320,31 @@ end
 -- names its job starts to lapse (now + its ttl).
 -- Campaigns whose pending count on this queue reaches 0 while closed here (sealed or
 -- cancelled) are appended to `due`: the caller's process then tries to complete them.
-local function settle_tracked(campaigns, jobmeta, dedup, dedup_exp, ids, outcome, now, due)
+-- known (optional): id -> jobmeta entry the caller read in this call (not read again).
+local function settle_tracked(campaigns, jobmeta, dedup, dedup_exp, ids, outcome, now, due,
+                              known)
   if #ids == 0 then return end
-  local vals = redis.call('HMGET', jobmeta, unpack(ids))
+  local vals
+  if known then
+    local rest, at = {}, {}
+    vals = {}
+    for i, id in ipairs(ids) do
+      local v = known[id]
+      if v then
+        vals[i] = v
+      else
+        rest[#rest + 1] = id
+        at[#at + 1] = i
+        vals[i] = false
+      end
+    end
+    if #rest > 0 then
+      local got = redis.call('HMGET', jobmeta, unpack(rest))
+      for j, i in ipairs(at) do vals[i] = got[j] end
+    end
+  else
+    vals = redis.call('HMGET', jobmeta, unpack(ids))
+  end
   local gone, per, order, keys, kids, kttl = {}, {}, {}, {}, {}, {}
   local ng, nk = 0, 0
   -- the jobs of one campaign without dedup keys share one entry: a job whose entry is
@@ -593,10 +615,10 @@ end
 
 -- Jobs of groups that left their leases: finished (they also leave the quota count
 -- "<g>:n") or only given back / retried (`finished` false). The groups' running counts
--- go down (a group's fields go once it has no unfinished job), and a group that waited
--- for a concurrency slot is due again (wake token); so is a queue that waited for one
--- ("~q:blk"). ids: job ids (only grouped ones count). A few commands per call, not per
--- job or group.
+-- go down (a group's fields, its hold's reason too, go once it has no unfinished job),
+-- and a group that waited for a concurrency slot is due again (wake token); so is a
+-- queue that waited for one ("~q:blk"). ids: job ids (only grouped ones count). A few
+-- commands per call, not per job or group.
 local function gsettle(gstate, gwait, wake, ids, finished)
   local per, order = {}, {}
   for _, id in ipairs(ids) do
@@ -622,6 +644,7 @@ local function gsettle(gstate, gwait, wake, ids, finished)
       if n <= 0 and run == 0 then
         del[#del + 1] = f[2 * i - 1]
         del[#del + 1] = f[2 * i]
+        del[#del + 1] = g .. ':why'  -- a hold's reason (hold.lua) goes with its work
       else
         set[#set + 1] = f[2 * i - 1]
         set[#set + 1] = run

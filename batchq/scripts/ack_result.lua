@@ -22,6 +22,9 @@
 -- Returns  the positions (1-based, counting triples) of stale leases: ones no longer
 --          reserved. A stale ack writes nothing, not even its result. When campaigns
 --          became due (see settle_tracked), a 0 follows the positions, then their ids.
+--          An error reply, before anything is written, when a TTL is not a whole number
+--          of ms in 1..2^53 (Redis would refuse the SET half-way through the call, after
+--          a bundle's mask was taken: its settled jobs would count as running again).
 local reserved = KEYS[1]
 local inflight = KEYS[2]
 local stats = KEYS[3]
@@ -38,6 +41,14 @@ local gstate = KEYS[13]
 local wake = KEYS[14]
 local bundles = KEYS[15]
 local RESULTS = 15  -- KEYS[RESULTS + j] is the result key of the j-th triple
+
+for i = 2, #ARGV - 1, 3 do
+  local ttl = tonumber(ARGV[i])
+  if not ttl or ttl < 1 or ttl > 9007199254740992 or ttl % 1 ~= 0 then
+    return redis.error_reply('ERR result TTL ' .. ARGV[i] .. ' ms is not a whole number '
+      .. 'of ms in 1..2^53 (triple ' .. (i + 1) / 3 .. ')')
+  end
+end
 
 local leases, at = {}, {}  -- per-job leases and their triple numbers
 local stale, ids, live, cache = {}, {}, {}, {}

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..keys import MAX_PRIORITY, CampaignKeys, LoadKeys, LockKeys, QueueKeys
+from ..keys import MAX_PRIORITY, BreakerKeys, CampaignKeys, LoadKeys, LockKeys, QueueKeys
 
 _WAIT = ("seq", "waiting0", "waiting1", "waiting2", "waiting3")  # the ready-job bitmaps
 _READY_ALL = tuple(f"ready{p}" for p in range(MAX_PRIORITY, -1, -1))
@@ -45,7 +45,7 @@ KEY_ORDER: dict[str, tuple[str, ...]] = {
     "enqueue_group": (*_GROUPS, "limits", "delayed", "wake", "inflight", "stats",
                       "pending", *_WAIT),
     "enqueue_tracked": ("ready", "delayed", "wake", "inflight", "stats", *_TRACKED,
-                        "pending", *_WAIT, *_GROUPS, "limits"),
+                        "pending", *_WAIT, *_GROUPS, "limits", "replace"),
     "campaign_queue": ("campaigns", "reserved", "jobmeta"),
     "campaign_open": ("record",),
     "campaign_join": ("record", "queues"),
@@ -65,6 +65,15 @@ KEY_ORDER: dict[str, tuple[str, ...]] = {
     "lock_extend": ("token",),
     "load_open": ("meta",),
     "load_merge": ("sum", "timeline", "meta"),
+    "hold": ("groups", "gwait", "gstate", "wake"),
+    "gready_stats": ("gready",),
+    "breaker_enter": ("state", "probes"),
+    "breaker_failure": ("state", "failures", "probes"),
+    "breaker_success": ("state", "failures", "probes"),
+    "breaker_set": ("state", "failures", "probes"),
+    "breaker_state": ("state", "failures", "probes"),
+    "reroute": ("reserved", "inflight", "delayed", "pending", "wake", "started", "stats",
+                "bundles", *_READY_ALL, *_GROUPS),
 }
 """Script name -> the name of each KEYS slot, in order."""
 
@@ -84,7 +93,7 @@ KEYS_CACHE_SIZE = 4096
 every call it cost 13 µs; looked up, about one."""
 
 
-def _keys(script: str, k: QueueKeys | LockKeys | LoadKeys | CampaignKeys,
+def _keys(script: str, k: QueueKeys | LockKeys | LoadKeys | CampaignKeys | BreakerKeys,
           priority: int | None = None) -> list[str]:
     """The KEYS of one call of ``script`` (a new list each time: a Call owns its keys)."""
     cached = _KEYS_CACHE.get((script, k, priority))
@@ -95,7 +104,7 @@ def _keys(script: str, k: QueueKeys | LockKeys | LoadKeys | CampaignKeys,
     return list(cached)
 
 
-def _build_keys(script: str, k: QueueKeys | LockKeys | LoadKeys | CampaignKeys,
+def _build_keys(script: str, k: QueueKeys | LockKeys | LoadKeys | CampaignKeys | BreakerKeys,
                 priority: int | None) -> list[str]:
     out = []
     for name in KEY_ORDER[script]:
@@ -143,12 +152,15 @@ def schedule(k: QueueKeys, priority: int, mode: str, when_ms: int,
 
 def enqueue_tracked(k: QueueKeys, priority: int, mode: str, when_ms: int, campaign: str,
                     key_ttl_ms: int, trim: int, pairs: Sequence[bytes | str], *,
-                    check: bool) -> Call:
+                    check: bool, on_conflict: str = "keep", scan: int = 1000) -> Call:
     """Write tracked jobs: ``pairs`` is (entry, dedup key or "") flattened; ``mode``
     ``"ready"``, ``"rel"`` or ``"abs"`` (then ``when_ms`` is the delay or due time);
-    ``campaign`` "" for none; ``trim``: lapsed dedup keys dropped at most."""
+    ``campaign`` "" for none; ``trim``: lapsed dedup keys dropped at most;
+    ``on_conflict``: ``"keep"``, ``"replace"`` or ``"debounce"``; ``scan``: ready-list
+    entries searched at most for a job to replace."""
     return Call("enqueue_tracked", _keys("enqueue_tracked", k, priority),
-                ["1" if check else "0", mode, when_ms, campaign, key_ttl_ms, trim, *pairs])
+                ["1" if check else "0", mode, when_ms, campaign, key_ttl_ms, trim,
+                 on_conflict, scan, *pairs])
 
 
 def campaign_queue(k: QueueKeys, campaign: str, mode: str, generation: str = "",
@@ -180,16 +192,24 @@ def campaign_finish(k: CampaignKeys, total: int, succeeded: int, dead: int,
                 [total, succeeded, dead, cancelled])
 
 
+DROP_MAX = 1000
+"""Cancelled jobs one pop may drop beyond the jobs it asked for (a few milliseconds of
+the server's time); a pop that spent it and came back short leaves a wake token, so a
+worker pops again at once."""
+
+
 def pop(k: QueueKeys, want: int, lease_ms: int, chunk: int, idle: str = "",
-        idle_ms: int = 0, bundle: bool = False) -> Call:
+        idle_ms: int = 0, bundle: bool = False, drop: int = DROP_MAX) -> Call:
     """Promote, reap, then pop up to ``want`` jobs leased for ``lease_ms``. ``idle``
     (a worker's name): when nothing comes back, register it for hand-off for
     ``idle_ms`` (``enqueue.lua``); when jobs do, drop its registration. ``bundle``:
     lease the plain jobs of the pop together (``_lib.lua`` "Bundles"; the reply's 11th
-    item names the bundle and how many of the jobs, the last ones, it holds)."""
+    item names the bundle and how many of the jobs, the last ones, it holds). ``drop``:
+    at most this many cancelled jobs are dropped in the call, never counted against
+    ``want`` or any limit."""
     return Call("pop", _keys("pop", k), [want, lease_ms, chunk,
                                          idle_member(lease_ms, idle) if idle else "",
-                                         idle_ms, 1 if bundle else 0])
+                                         idle_ms, 1 if bundle else 0, drop])
 
 
 def idle_member(lease_ms: int, worker: str) -> str:
@@ -271,6 +291,18 @@ def release(k: QueueKeys, leases: Sequence[bytes | str], hold_ms: int = 0) -> Ca
     return Call("release", _keys("release", k), [hold_ms, *leases])
 
 
+def hold(k: QueueKeys, member: str, hold_ms: int, why: str = "operator") -> Call:
+    """Hold ``member`` (a group's hex name, or ``"~q"``: the whole queue) for
+    ``hold_ms`` (keeping a longer hold), or release it (``hold_ms`` 0)."""
+    return Call("hold", _keys("hold", k), [member, hold_ms, why])
+
+
+def gready_stats(k: QueueKeys, max_groups: int) -> Call:
+    """Read only: the grouped ready jobs by priority and the one first in line, visiting
+    at most ``max_groups`` groups."""
+    return Call("gready_stats", _keys("gready_stats", k), [max_groups])
+
+
 def extend(k: QueueKeys, lease_ms: int, leases: Sequence[bytes | str]) -> Call:
     return Call("extend", _keys("extend", k), [lease_ms, *leases])
 
@@ -331,3 +363,40 @@ def load_merge(k: LoadKeys, ttl_ms: int, ops: Sequence[tuple[str, int, str, Any]
     for op in ops:
         args += op
     return Call("load_merge", _keys("load_merge", k), args)
+
+
+# --- circuit breakers (batchq/breaker.py) ----------------------------------------------
+
+
+def breaker_enter(k: BreakerKeys, half_open_jobs: int, probe_ms: int, token: str) -> Call:
+    return Call("breaker_enter", _keys("breaker_enter", k), [half_open_jobs, probe_ms, token])
+
+
+def breaker_failure(k: BreakerKeys, failures: int, within_ms: int, open_ms: int,
+                    token: str) -> Call:
+    return Call("breaker_failure", _keys("breaker_failure", k),
+                [failures, within_ms, open_ms, token])
+
+
+def breaker_success(k: BreakerKeys, half_open_jobs: int, token: str) -> Call:
+    return Call("breaker_success", _keys("breaker_success", k), [half_open_jobs, token])
+
+
+def breaker_state(k: BreakerKeys, within_ms: int) -> Call:
+    """Read only: the state, ms left open, failures in the window, probes, successes,
+    trips."""
+    return Call("breaker_state", _keys("breaker_state", k), [within_ms])
+
+
+def breaker_set(k: BreakerKeys, mode: str, open_ms: int = 0) -> Call:
+    """``mode`` "open" (for ``open_ms``) or "close"."""
+    return Call("breaker_set", _keys("breaker_set", k), [mode, open_ms])
+
+
+def reroute(k: QueueKeys, hold_ms: int, items: Sequence[tuple[bytes, str, bytes]]) -> Call:
+    """Take leased jobs back: (lease, task, fallback body, or b"" to hold the job for
+    ``hold_ms``) each (reroute.lua)."""
+    args: list[Any] = [hold_ms]
+    for lease, task, body in items:
+        args += [lease, task, body]
+    return Call("reroute", _keys("reroute", k), args)

@@ -19,8 +19,9 @@
 --          dedup:exp zset: a tracked delayed job (id ending "_m") cancelled here is
 --          settled as cancelled in its campaign at once (a ready one when pop drops it);
 --          a campaign this makes due is completed by the workers' safety net
--- KEYS[16] gstate hash: a grouped delayed job cancelled here leaves its group's quota
---          count at once (a ready one when pop drops it)
+-- KEYS[16] gstate hash: a grouped job cancelled here leaves its group's quota count
+--          "<g>:n" at once, ready or delayed (a ready one's tombstone says so: "q", and
+--          pop.lua, dropping it, does not count it out again)
 -- ARGV[1]  job id
 -- ARGV[2]  how long cancelled records are kept (ms); older ones are trimmed here
 -- ARGV[3]  at most this many old records are trimmed per call
@@ -53,16 +54,24 @@ end
 local now = now_ms()
 -- the records first (write before delete)
 redis.call('ZADD', cancelled, now, id)
+local g = string.find(id, '~', 1, true) and group_of(id)
+-- the group's quota count, freed at once: the job will never run
+local function free_quota()
+  if g and redis.call('HINCRBY', gstate, g .. ':n', -1) <= 0 then
+    redis.call('HDEL', gstate, g .. ':n')
+  end
+end
 if bit then
-  redis.call('HSET', cancel, id, '1')
+  redis.call('HSET', cancel, id, g and 'q' or '1')
   redis.call('SETBIT', KEYS[WAIT0 + slot], off, 0)
+  free_quota()
 elseif v == 'r' or redis.call('ZREM', delayed, v) == 0 then
   -- ready (or an index out of step with the delayed set: let pop drop it)
-  redis.call('HSET', cancel, id, '1')
+  redis.call('HSET', cancel, id, g and 'q' or '1')
+  free_quota()
 else
   redis.call('HINCRBY', stats, 'cancelled', 1)
-  local g = string.find(id, '~', 1, true) and group_of(id)
-  if g then redis.call('HINCRBY', gstate, g .. ':n', -1) end
+  free_quota()
   if tracked(id) then
     settle_tracked(campaigns, jobmeta, dedup, dedup_exp, {id}, 'c', now, {})
   end

@@ -15,6 +15,8 @@
 --          hash, KEYS[20] limits hash: jobs of a group (their ids end "~<g>_m", all of
 --          one call in one group) go to the group (see enqueue_group.lua), within its
 --          max_pending
+-- KEYS[21] replace hash: dedup key -> the entry a "replace" / "debounce" call wrote
+--          for it (found in its ready list by LPOS); dropped with the key's lapse
 -- ARGV[1]  "1" when retrying a call whose reply was lost: a job whose jobmeta entry
 --          exists (written by the lost call) is not written again
 -- ARGV[2]  "ready", or "rel" / "abs" (delayed: ARGV[3] is a delay from the server's now,
@@ -23,12 +25,22 @@
 -- ARGV[4]  campaign id, "" for none: the campaign must be open on this queue
 -- ARGV[5]  key ttl ms: how long a dedup key stays held after its job is settled
 -- ARGV[6]  at most this many lapsed dedup keys are dropped first (bounds the loop)
--- ARGV[7..] pairs: encoded job (id ending "_m"), dedup key ("" for none); at most 1000
+-- ARGV[7]  on conflict, what a row does when its key is held by a job still waiting:
+--          "keep" (nothing), "replace" (the job keeps its id, place and due time, and
+--          takes the row's body: its arguments), "debounce" (replace, and a delayed
+--          job is due again at ARGV[2]/ARGV[3] from now). A holder that is running or
+--          settled, or a ready one not found (LPOS: a grouped job, another priority,
+--          deeper than ARGV[8]), is kept.
+-- ARGV[8]  LPOS scans at most this many entries of the ready list, from its tail
+-- ARGV[9..] pairs: encoded job (id ending "_m"), dedup key ("" for none); at most 1000
 -- Returns  {0, written, position, id, position, id, ...}: the 1-based positions of jobs
---          not written because their key is held, and the id holding it; or {1} when
+--          not written because their key is held (kept or replaced), and the id
+--          holding it; or {1} when
 --          the campaign is not open on this queue yet (join it first), {2, flag} when
 --          it is closed here (sealed, cancelled or done): nothing is written; -2 when
 --          the jobs would take their group past its max_pending: nothing is written.
+--          A campaign not open here is no refusal when every row has a key and every
+--          key is held: the call writes nothing and answers {0, 0, 1, id, 2, id, ...}.
 local ready = KEYS[1]
 local delayed = KEYS[2]
 local wake = KEYS[3]
@@ -46,31 +58,40 @@ local groups = KEYS[17]
 local gwait = KEYS[18]
 local gstate = KEYS[19]
 local limits = KEYS[20]
+local replace = KEYS[21]
 
 local check = ARGV[1] == '1'
 local mode = ARGV[2]
 local cid = ARGV[4]
 local ttl = ARGV[5]
+local conflict = ARGV[7]
+local scan = tonumber(ARGV[8])
+local P0 = 8  -- ARGV[P0 + 2 * i - 1], ARGV[P0 + 2 * i]: row i's entry and key
 
+-- a campaign not open here refuses the call, unless the call would write nothing: every
+-- row keyed and every key held (a producer run again after the campaign closed)
+local refused
 if cid ~= '' then
   local f = redis.call('HGET', campaigns, cid .. ':f')
-  if not f then return {1} end
-  if f ~= 'open' then return {2, f} end
+  if not f then refused = {1} elseif f ~= 'open' then refused = {2, f} end
 end
 
 local now = now_ms()
-local lapsed = redis.call('ZRANGEBYSCORE', dedup_exp, '-inf', now, 'LIMIT', 0,
-  tonumber(ARGV[6]))
-if #lapsed > 0 then
-  redis.call('HDEL', dedup, unpack(lapsed))
-  redis.call('ZREM', dedup_exp, unpack(lapsed))
+if not refused then
+  local lapsed = redis.call('ZRANGEBYSCORE', dedup_exp, '-inf', now, 'LIMIT', 0,
+    tonumber(ARGV[6]))
+  if #lapsed > 0 then
+    redis.call('HDEL', dedup, unpack(lapsed))
+    redis.call('ZREM', dedup_exp, unpack(lapsed))
+    if redis.call('HLEN', replace) > 0 then redis.call('HDEL', replace, unpack(lapsed)) end
+  end
 end
 
 -- the rows' keys and who holds them now: one HMGET and one ZMSCORE per call, not per row
-local n = math.floor((#ARGV - 6) / 2)
+local n = math.floor((#ARGV - P0) / 2)
 local keys, nk = {}, 0
 for i = 1, n do
-  local key = ARGV[6 + 2 * i]
+  local key = ARGV[P0 + 2 * i]
   if key ~= '' then nk = nk + 1; keys[nk] = key end
 end
 local hold = {}  -- key -> id holding it (in Redis, or written by this call)
@@ -93,12 +114,64 @@ if nk > 0 then
 end
 
 local out, nout = {0, 0}, 2
+if refused then
+  for pos = 1, n do
+    local holder = hold[ARGV[P0 + 2 * pos]]
+    if not holder then return refused end
+    out[nout + 1] = pos
+    out[nout + 2] = holder
+    nout = nout + 2
+  end
+  return out
+end
 local entries, metas, claims, seqs = {}, {}, {}, {}
 local ne, nm, nc, ns = 0, 0, 0, 0
 local ready_mode = mode == 'ready'
 local prefix = cid .. '\n' .. ttl .. '\n'  -- every jobmeta entry of the call starts so
+
+-- replace / debounce: `old` (an entry) with the body of `e` (its header kept: id,
+-- priority, attempt count)
+local function swap(old, e)
+  local _, _, _, _, hl = parse(old)
+  local _, _, _, _, hl2 = parse(e)
+  if not hl or not hl2 then return nil end
+  return string.sub(old, 1, hl) .. string.sub(e, hl2 + 1)
+end
+local swapped = {}  -- key -> entry written for it by this call (index into entries)
+local sides = {}  -- key -> the entry to find its job by (the replace hash)
+local nrep = 0
+-- the job `holder` of `key`, if it still waits, takes the body of `e`: true when done
+local function take_over(holder, key, e)
+  local v = redis.call('HGET', pending, holder)
+  if v and v ~= 'r' then  -- delayed (or a retry waiting): re-added with the new body
+    local due = redis.call('ZSCORE', delayed, v)
+    local new = due and swap(v, e)
+    if not new then return false end
+    if conflict == 'debounce' and not ready_mode then
+      due = tonumber(ARGV[3])
+      if mode == 'rel' then due = now + due end
+    end
+    redis.call('ZADD', delayed, due, new)
+    redis.call('ZREM', delayed, v)
+    redis.call('HSET', pending, holder, new)
+    if not string.find(holder, '~', 1, true) then sides[key] = new end
+    return true
+  end
+  local old = redis.call('HGET', replace, key)
+  if not old or string.sub(old, 1, 1) ~= string.sub(e, 1, 1)
+      or string.find(holder, '~', 1, true) then
+    return false  -- not known, in another priority's list, or in its group's zset
+  end
+  local at = redis.call('LPOS', ready, old, 'RANK', -1, 'MAXLEN', scan)
+  local new = at and swap(old, e)
+  if not new then return false end
+  redis.call('LSET', ready, at, new)
+  sides[key] = new
+  return true
+end
+
 for pos = 1, n do
-  local e, key = ARGV[5 + 2 * pos], ARGV[6 + 2 * pos]
+  local e, key = ARGV[P0 - 1 + 2 * pos], ARGV[P0 + 2 * pos]
   -- the id: the fourth header field (the producer wrote the entry; no pattern needed)
   local a = string.find(e, ':', 1, true)
   local b = a and string.find(e, ':', a + 1, true)
@@ -112,6 +185,14 @@ for pos = 1, n do
   if write and key ~= '' then
     local holder = hold[key]
     if holder then
+      if conflict ~= 'keep' then
+        local j = swapped[key]
+        if j then  -- written by this call: the later row wins
+          entries[j] = swap(entries[j], e) or entries[j]
+        elseif take_over(holder, key, e) then
+          nrep = nrep + 1
+        end
+      end
       out[nout + 1] = pos
       out[nout + 2] = holder
       nout = nout + 2
@@ -126,6 +207,7 @@ for pos = 1, n do
   if write then
     ne = ne + 1
     entries[ne] = e
+    if conflict ~= 'keep' and key ~= '' then swapped[key] = ne end
     metas[nm + 1] = id
     metas[nm + 2] = key == '' and prefix or prefix .. key
     nm = nm + 2
@@ -135,7 +217,22 @@ for pos = 1, n do
     end
   end
 end
-if ne == 0 then return out end
+-- the replace hash: the entry each replaced or newly written key's job is found by
+-- (a grouped job's is not: it waits in its group's zset, not found by LPOS)
+local side, nside = {}, 0
+for key, j in pairs(swapped) do
+  if not string.find(metas[2 * j - 1], '~', 1, true) then sides[key] = entries[j] end
+end
+for key, e in pairs(sides) do
+  side[nside + 1] = key
+  side[nside + 2] = e
+  nside = nside + 2
+end
+if nrep > 0 then redis.call('HINCRBY', stats, 'replaced', nrep) end
+if ne == 0 then
+  if nside > 0 then redis.call('HSET', replace, unpack(side)) end
+  return out
+end
 
 -- a group: its quota first (nothing is written past it)
 local g = string.find(metas[1], '~', 1, true) and group_of(metas[1])
@@ -173,6 +270,7 @@ else
   redis.call('HSET', pending, unpack(idx))
 end
 redis.call('HSET', jobmeta, unpack(metas))
+if nside > 0 then redis.call('HSET', replace, unpack(side)) end
 if nc > 0 then redis.call('HSET', dedup, unpack(claims)) end
 -- a lapsed key taken again is held anew (until its new job settles)
 if #lapsed_keys > 0 then redis.call('ZREM', dedup_exp, unpack(lapsed_keys)) end

@@ -17,12 +17,14 @@
 -- KEYS[21] campaigns hash, KEYS[22] jobmeta hash, KEYS[23] dedup hash, KEYS[24]
 --          dedup:exp zset: tracked jobs (ids ending "_m", _lib.lua) reaped dead are
 --          settled; a popped job of a campaign cancelled on this queue is not reserved:
---          it is dropped and counted cancelled
+--          it is dropped and counted cancelled (in its campaign and in stats
+--          "cancelled")
 -- KEYS[25] pending hash: id -> "r" | delayed entry (see enqueue.lua); kept in step with
 --          every move below, and the popped ids leave it
 -- KEYS[26] cancel hash: ids of cancelled ready jobs (cancel.lua); a popped one is
 --          dropped (never reserved nor run) and counted in stats "cancelled" (a tracked
---          one is settled as cancelled in its campaign)
+--          one is settled as cancelled in its campaign); its value "q": the cancel gave
+--          its group's quota count back already (else this drop does)
 -- KEYS[27] done: prefix of the per-job channels; a job dead-lettered here is announced
 --          on "<done>:<id>" with "d"
 -- KEYS[28] seq counter; KEYS[29..32] waiting bitmaps, slots 0..3 (enqueue.lua): a popped
@@ -49,6 +51,11 @@
 --          when it takes no grouped job, the queue has no concurrency limit and no
 --          job of the queue has crash marks; their running jobs are counted in stats
 --          "bundled" (bundle_done)
+-- ARGV[7]  at most this many cancelled entries are dropped per call beyond the jobs
+--          it asked for: a dropped entry counts against nothing (not ARGV[1], a rate
+--          token, a concurrency slot, a quota), the call pops on in its place. A call
+--          that dropped jobs and comes back short leaves a wake token, so a worker pops
+--          again at once (absent: 0, one round of drops)
 --
 -- Crash marks. An expired lease means its worker died or stalled; the script cannot
 -- know which of that worker's jobs was running. So the job goes back with its attempt
@@ -108,6 +115,7 @@ local now = now_ms()
 local want = tonumber(ARGV[1])
 local lease = tonumber(ARGV[2])
 local chunk = tonumber(ARGV[3])
+local drop_max = tonumber(ARGV[7]) or 0
 
 local function ready_key(p)
   return KEYS[READY9 + 9 - p]
@@ -378,43 +386,86 @@ if want > 0 and (quiet or redis.call('EXISTS', paused) == 0) then
     local q = seq_of(id)
     if q then seqs[#seqs + 1] = q end
   end
-  local function take(e)
+  -- Popped entries es[1..] screened in order: a cancelled one is dropped (never reserved
+  -- nor run; counted, settled), a malformed one buried, the others returned as {entry,
+  -- nil, nil, id, position in es} (reserve's priority and attempt: parsed when leased),
+  -- at most `limit` of them (nil: all); also how many entries were used (the rest are
+  -- left as they are).
+  -- The lookups are read-only and batched: one HMGET of the cancel hash while it has
+  -- tombstones, one of jobmeta for the tracked jobs while a campaign is cancelled here.
+  -- A cancelled one costs the call nothing it counts: no rate token, slot, quota or
+  -- share of `want`.
+  local ndrop = 0  -- cancelled entries dropped by this call
+  local tomb_del = {}  -- their tombstones, deleted at the end of the call
+  local known = {}  -- id -> jobmeta entry of the campaign jobs dropped (settle_tracked)
+  local function screen(es, limit)
     read_flags()
-    local p, a, _, id
-    if bundling then id = header_id(e) else p, a, _, id = header(e) end
-    if id and any_tombstones and redis.call('HDEL', cancel, id) == 1 then
-      -- cancelled while it waited (cancel.lua): dropped, never run
-      dropped = dropped + 1
-      if tracked(id) then skipped[#skipped + 1] = id end
-      g_gone[#g_gone + 1] = id
-      return false
+    local n = #es
+    local idl = {}  -- the ids (header_id: one capture; a live job's header is parsed
+    for i = 1, n do  -- when it is leased, a dropped one's never)
+      idl[i] = header_id(es[i]) or false
     end
-    if any_cancelled and id and tracked(id) then
-      local v = redis.call('HGET', jobmeta, id)
+    local tomb, meta = {}, {}
+    local function lookup(key, want_it, into)
+      local q, qi = {}, {}
+      for i = 1, n do
+        if idl[i] and want_it(i) then
+          q[#q + 1] = idl[i]
+          qi[#qi + 1] = i
+        end
+      end
+      if #q == 0 then return end
+      local v = redis.call('HMGET', key, unpack(q))
+      for j, i in ipairs(qi) do into[i] = v[j] end
+    end
+    if any_tombstones then lookup(cancel, function() return true end, tomb) end
+    if any_cancelled then
+      lookup(jobmeta, function(i) return not tomb[i] and tracked(idl[i]) end, meta)
+    end
+    local live, used = {}, 0
+    for i = 1, n do
+      if limit and #live >= limit then break end
+      used = i
+      local e, id, t, v = es[i], idl[i], tomb[i], meta[i]
       local cid = v and string.match(v, '^([^\n]*)\n') or ''
       if cid ~= '' and flags[cid] == nil then
         flags[cid] = redis.call('HGET', campaigns, cid .. ':f') or ''
       end
-      if cid ~= '' and flags[cid] == 'cancelled' then
+      if not id then
+        -- each malformed entry keeps its own record, even identical ones
+        local nth = redis.call('HINCRBY', stats, 'malformed', 1)
+        bury(dead, dead_jobs, now,
+          'raw-' .. string.sub(redis.sha1hex(e), 1, 20) .. '-' .. nth,
+          'decode_error', 'malformed job header', e)
+        out[7] = out[7] + 1
+      elseif t then
+        -- cancelled while it waited (cancel.lua): dropped; "q": its group's quota count
+        -- was given back by the cancel itself
+        tomb_del[#tomb_del + 1] = id
+        dropped = dropped + 1
+        ndrop = ndrop + 1
+        if tracked(id) then skipped[#skipped + 1] = id end
+        if t ~= 'q' then g_gone[#g_gone + 1] = id end
+      elseif cid ~= '' and flags[cid] == 'cancelled' then
+        -- of a campaign cancelled on this queue: dropped
+        dropped = dropped + 1
+        ndrop = ndrop + 1
         skipped[#skipped + 1] = id
+        known[id] = v
         popped(id)  -- popped: leaves the pending index and its bitmap
         g_gone[#g_gone + 1] = id
-        return false
+      else
+        live[#live + 1] = {e, nil, nil, id, i}
       end
     end
-    if not id then
-      -- each malformed entry keeps its own record, even identical ones
-      local nth = redis.call('HINCRBY', stats, 'malformed', 1)
-      bury(dead, dead_jobs, now,
-        'raw-' .. string.sub(redis.sha1hex(e), 1, 20) .. '-' .. nth,
-        'decode_error', 'malformed job header', e)
-      out[7] = out[7] + 1
-      return false
-    end
+    return live, used
+  end
+  -- a screened entry reserved (leased, or added to the bundle)
+  local function reserve(e, p, a, id)
     popped(id)
     if bundling and not any_recovered and not tracked(id) then
       bund[#bund + 1] = e  -- as popped: the worker counts the attempt
-      return true
+      return
     end
     local _, r, lease_name = count_attempt(e, p, a, id)
     hargs[#hargs + 1] = id
@@ -426,7 +477,9 @@ if want > 0 and (quiet or redis.call('EXISTS', paused) == 0) then
     if rec and (tonumber(string.match(rec, '^(%d+)')) or 0) >= ISOLATE_AFTER then
       marks[#marks + 1] = #out - header_n
     end
-    return true
+  end
+  local function take(es)
+    for _, x in ipairs((screen(es))) do reserve(x[1], x[2], x[3], x[4]) end
   end
 
   -- the whole queue: a hold (RateLimited without a group), then its own limit
@@ -483,15 +536,18 @@ if want > 0 and (quiet or redis.call('EXISTS', paused) == 0) then
   if plain > 0 then nonempty = LMPOP and 10 or count_ready() end
   -- highest priority first: LMPOP takes from the first non-empty list in one command
   -- (Redis 7.0+); before 7.0, LPOP each list in turn (p: the next one)
+  -- Cancelled entries dropped do not count against `plain`/`want`: the loop
+  -- pops again in their place, until the call has dropped ARGV[7] of them in all.
   local p = 9
-  while plain > 0 and nonempty > 0 and p >= 0 do
+  while plain > 0 and nonempty > 0 and p >= 0 and (ndrop == 0 or ndrop < drop_max) do
     local items
+    local ask = plain
     if LMPOP then
       -- the lists above the one it takes from are empty, and that one is emptied
       -- unless the call has all it wants: the next call asks all ten again
       local got = redis.pcall('LMPOP', 10, ready_key(9), ready_key(8), ready_key(7),
         ready_key(6), ready_key(5), ready_key(4), ready_key(3), ready_key(2), ready_key(1),
-        ready_key(0), 'LEFT', 'COUNT', plain)
+        ready_key(0), 'LEFT', 'COUNT', ask)
       if type(got) == 'table' and got.err then
         -- refused (an ACL user set up before 0.5.1, without +lmpop): as before 7.0
         LMPOP = false
@@ -502,13 +558,13 @@ if want > 0 and (quiet or redis.call('EXISTS', paused) == 0) then
         items = got[2]
       end
     else
-      items = redis.call('LPOP', ready_key(p), plain)
-      p = p - 1
+      items = redis.call('LPOP', ready_key(p), ask)
+      -- a list that gave all it was asked may hold more (asked again after drops)
+      if not items or #items < ask then p = p - 1 end
     end
     if items then
-      nonempty = nonempty - 1
-      plain = plain - #items
-      want = want - #items
+      if #items < ask then nonempty = nonempty - 1 end
+      local d0 = ndrop
       if #sel == 0 then  -- no groups: no turns to take
         read_flags()
         if bundling and not any_recovered and not any_tombstones then
@@ -517,6 +573,7 @@ if want > 0 and (quiet or redis.call('EXISTS', paused) == 0) then
           -- read from the entry (seq_of's rule: "-" after 17 characters, then hex), the
           -- id itself made only while the pending index has entries
           local nb, ns = #bund, #seqs
+          local slow, slot = {}, {}  -- entries left to screen, their places in bund
           for _, e in ipairs(items) do
             local _, _, a, z = find(e, '^%d:%d+:%d+:()[^:]+():')
             -- a <= 18: attempt and max_attempts short (header_id); not tracked ("_m")
@@ -532,16 +589,41 @@ if want > 0 and (quiet or redis.call('EXISTS', paused) == 0) then
               end
               if any_pending then ids[#ids + 1] = sub(e, a, z - 1) end
             else
-              take(e)
-              nb, ns = #bund, #seqs
+              nb = nb + 1
+              bund[nb] = false  -- its place, if it is bundled
+              slow[#slow + 1] = e
+              slot[#slow] = nb
             end
           end
+          if #slow > 0 then
+            -- screened together; a plain one keeps its place in the bundle, a tracked one
+            -- has a lease of its own, a dropped one's place goes
+            for _, x in ipairs((screen(slow))) do
+              if tracked(x[4]) then
+                reserve(x[1], x[2], x[3], x[4])
+              else
+                bund[slot[x[5]]] = x[1]
+                popped(x[4])
+              end
+            end
+            local j = 0
+            for i = 1, nb do
+              if bund[i] then
+                j = j + 1
+                bund[j] = bund[i]
+              end
+            end
+            for i = j + 1, nb do bund[i] = nil end
+          end
         else
-          for _, e in ipairs(items) do take(e) end
+          take(items)
         end
       else
-        for _, e in ipairs(items) do lanes[1][#lanes[1] + 1] = e end
+        local lane = lanes[1]
+        for _, x in ipairs((screen(items))) do lane[#lane + 1] = x end
       end
+      plain = plain - (#items - (ndrop - d0))
+      want = want - (#items - (ndrop - d0))
     end
   end
   if #sel > 0 and want > 0 then
@@ -576,20 +658,34 @@ if want > 0 and (quiet or redis.call('EXISTS', paused) == 0) then
       end
       if n > 0 then
         local lo, hi = grange(g)
-        local items = redis.call('ZRANGEBYLEX', gready, lo, hi, 'LIMIT', 0, n + 1)
-        local got = math.min(n, #items)
-        local lane = {}
-        for j = 1, got do lane[j] = gentry(items[j]) end
-        if got > 0 then
-          -- the jobs taken are the group's first ones: one range delete, not a lookup each
-          redis.call('ZREMRANGEBYLEX', gready, lo, '[' .. items[got])
+        -- the group's first jobs, screened as they are read: dropped ones do not count
+        -- against n, the group reads on in their place (a read grows with the drops:
+        -- few calls per ARGV[7] dropped) while the call may drop more
+        local lane, got, gdrop, more, ask = {}, 0, 0, true, n
+        while got < n and more and (gdrop == 0 or ndrop < drop_max) do
+          local items = redis.call('ZRANGEBYLEX', gready, lo, hi, 'LIMIT', 0, ask + 1)
+          local es = {}
+          for j = 1, math.min(ask, #items) do es[j] = gentry(items[j]) end
+          local d0 = ndrop
+          local live, used = screen(es, n - got)
+          for _, x in ipairs(live) do
+            got = got + 1
+            lane[got] = x
+          end
+          gdrop = gdrop + ndrop - d0
+          if used > 0 then
+            -- the jobs read are the group's first ones: one range delete, not one each
+            redis.call('ZREMRANGEBYLEX', gready, lo, '[' .. items[used])
+          end
+          more = #items > used
+          ask = n - got + math.min(gdrop, math.max(0, drop_max - ndrop), 1000)
         end
         lanes[#lanes + 1] = lane
         lane_group[#lanes] = g
         want = want - got
         if gtok then take_tokens(gstate, g, gtok - got, now) end
         last_vt = tonumber(sel[2 * i]) + got / w
-        if #items <= got then
+        if not more then
           redis.call('ZREM', groups, g)  -- no ready jobs left
         else
           vts[#vts + 1] = last_vt
@@ -611,10 +707,11 @@ if want > 0 and (quiet or redis.call('EXISTS', paused) == 0) then
   for _, lane in ipairs(lanes) do turns = math.max(turns, #lane) end
   for j = 1, (#sel > 0 and turns or 0) do
     for i, lane in ipairs(lanes) do
-      local e = lane[j]
-      if e then
+      local x = lane[j]
+      if x then
+        reserve(x[1], x[2], x[3], x[4])
         local g = lane_group[i]
-        if take(e) and g then
+        if g then
           if not running[g] then run_order[#run_order + 1] = g; running[g] = 0 end
           running[g] = running[g] + 1
         end
@@ -650,11 +747,14 @@ if want > 0 and (quiet or redis.call('EXISTS', paused) == 0) then
   if #bund > 1 then redis.call('ZADD', bundles, deadline, out[header_n][1]) end
   if any_pending and #ids > 0 then redis.call('HDEL', pending, unpack(ids)) end
   if #seqs > 0 then set_waiting(seq_top(seq), WAIT0, seqs, 0) end
+  for i = 1, #tomb_del, 1000 do
+    redis.call('HDEL', cancel, unpack(tomb_del, i, math.min(i + 999, #tomb_del)))
+  end
   if dropped > 0 then
     redis.call('HINCRBY', stats, 'cancelled', dropped)
   end
   if #skipped > 0 then
-    settle_tracked(campaigns, jobmeta, dedup, dedup_exp, skipped, 'c', now, due)
+    settle_tracked(campaigns, jobmeta, dedup, dedup_exp, skipped, 'c', now, due, known)
   end
   if #g_gone > 0 then
     -- never leased (no running count to give back): they leave their quota count
@@ -668,8 +768,10 @@ if want > 0 and (quiet or redis.call('EXISTS', paused) == 0) then
     end
     gadd(gstate, order, per, ':n')
   end
-  if want <= 0 and asked > 0 then
-    -- a full batch: more may be waiting, let the next idle worker look
+  if (want <= 0 and asked > 0) or (ndrop > 0 and want > 0) then
+    -- a full batch: more may be waiting, let the next idle worker look; or a call that
+    -- dropped jobs and came back short (its drop budget spent, or groups it did not
+    -- look at): a worker pops again at once rather than idle while jobs are ready
     token()
   end
 end

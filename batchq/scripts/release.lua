@@ -11,8 +11,8 @@
 --          hash: a grouped job goes back to its group and gives back its running slot
 -- KEYS[20] stats hash: "bundled" (_lib.lua bundle_done), KEYS[21] bundles zset
 -- ARGV[1]  hold in ms (0: none): each given-back job's group (or, for a job without a
---          group, the whole queue) starts no job until now + hold (RateLimited); a
---          longer hold already set is kept
+--          group, the whole queue) starts no job until now + hold (RateLimited, its
+--          reason in gstate "<g>:why", hold.lua); a longer hold already set is kept
 -- ARGV[2..] leases "<id>:<attempt>" or "<bundle><position>" (_lib.lua "Bundles"), in
 --          the order the jobs were popped
 -- Returns  how many were given back (stale leases are skipped).
@@ -41,6 +41,7 @@ local function hold_off(g)
   local cur = tonumber(redis.call('ZSCORE', gwait, g) or '0')
   if cur >= BLOCKED or cur < now + hold then
     redis.call('ZADD', gwait, now + hold, g)
+    redis.call('HSET', gstate, g .. ':why', 'RateLimited@' .. (now + hold))  -- hold.lua
   end
   if g ~= QUEUE then redis.call('ZREM', groups, g) end
 end

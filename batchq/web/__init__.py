@@ -3,10 +3,14 @@
 Install with ``pip install 'batchq[web]'`` (Starlette + uvicorn). Serve it with
 ``batchq.web.serve(app)`` (blocks), :func:`start_in_thread` (from another process's
 thread), or mount :func:`create_app`'s ASGI app yourself. Modules, in the order a
-request meets them: ``security`` (bind rule, auth, host, CSRF, headers), ``routes``
-(pages and the ``/api/`` JSON), ``deadletters`` (paged, searched and chunked dead-letter
-work), ``rates`` (jobs/s from the scripts' counters), ``server`` (uvicorn in a thread);
-the data itself comes from :mod:`batchq.overview`. ``batchq web`` (or ``python -m
+request meets them: ``security`` (bind rule, auth, host, CSRF, headers), ``params``
+(every parameter and body checked: a 400 naming it), ``routes`` (pages and the ``/api/``
+JSON; every action recorded in the audit log, ``act``), ``operate`` (campaigns,
+customers and limits, one job, the audit log) over ``campaigns``, ``groups`` and
+``jobs``, ``deadletters`` (paged, searched and chunked dead-letter work), ``rates``
+(jobs/s from the scripts' counters, sampled in the background), ``server`` (uvicorn in a
+thread); the data itself comes from :mod:`batchq.overview`, :mod:`batchq.campaign`,
+:mod:`batchq.flow_view` and :mod:`batchq.results`. ``batchq web`` (or ``python -m
 batchq.web``) runs it.
 """
 

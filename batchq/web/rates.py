@@ -5,18 +5,34 @@ applied (``succeeded``, ``dead``); they are cumulative and exact even when worke
 killed. The console samples them whenever it reads a queue (at most once a second per
 queue) and turns the samples of the last minutes into rates. Memory is bounded: a few
 hundred samples per queue, and the least recently read queues are forgotten first.
+
+So that a page shows rates from its first paint (not a dash until it has polled twice), a
+``Sampler`` thread keeps the samples of the first ``MAX_SAMPLED`` queues fresh: twice
+at once when the console starts, then every ``SAMPLE_EVERY_S`` while a page is open and
+every ``IDLE_EVERY_S`` (one pipelined read) when nobody looks.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
+
+log = logging.getLogger("batchq.web")
 
 SAMPLE_EVERY_S = 1.0
 KEEP_S = 300.0
 """Samples older than this are dropped (the longest window shown is 5 minutes)."""
 MAX_QUEUES = 10_000
+IDLE_EVERY_S = 10.0
+"""Seconds between background samples while no page is open."""
+WATCH_S = KEEP_S
+"""A page counts as open this long after its last request."""
+MAX_SAMPLED = 500
+"""Queues the background sampler reads (the first ones by name: the overview's pages)."""
 
 
 class RateTracker:
@@ -59,3 +75,44 @@ class RateTracker:
         if dt < SAMPLE_EVERY_S:
             return None
         return (last[1] - first[1]) / dt, (last[2] - first[2]) / dt
+
+
+class Sampler:
+    """Calls ``sample`` from a daemon thread: twice at start (one ``SAMPLE_EVERY_S``
+    apart, so every rate is known before the first page asks), then every
+    ``SAMPLE_EVERY_S`` while ``watched`` was called within ``WATCH_S``, else every
+    ``IDLE_EVERY_S``. An error (Redis away) is logged at debug level and tried again
+    at the next turn. ``stop`` ends the thread."""
+
+    def __init__(self, sample: Callable[[], None], *, busy_s: float = SAMPLE_EVERY_S,
+                 idle_s: float = IDLE_EVERY_S) -> None:
+        self._sample = sample
+        self._busy_s = busy_s
+        self._idle_s = idle_s
+        self._stop = threading.Event()
+        self._watched_at = -math.inf
+        self.samples = 0
+        self._thread = threading.Thread(target=self._run, name="batchq-web-rates",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def watched(self) -> None:
+        """A page asked for data: sample every second for the next ``WATCH_S``."""
+        self._watched_at = time.monotonic()
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._sample()
+            except Exception as exc:  # Redis away or a bad name: the next turn retries
+                log.debug("rate sample failed: %s: %s", type(exc).__name__, exc)
+            self.samples += 1
+            busy = self.samples < 2 or time.monotonic() - self._watched_at < WATCH_S
+            self._stop.wait(self._busy_s if busy else self._idle_s)

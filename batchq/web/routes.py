@@ -13,6 +13,11 @@ POST /api/dead/retry|purge           {"queue", "ids": [...]} or {"queue", "all":
 GET  /api/workers?offset&limit       live workers
 GET  /api/periodic                   periodic tasks, last and next run
 
+and the operator's pages of :mod:`batchq.web.operate` (campaigns, customers and limits,
+one job, the audit log). Every parameter is checked by :mod:`batchq.web.params` (a bad
+one: a 400 naming it); every action is recorded in the audit log (``batchq.audit``:
+who, what, on what, and how it ended).
+
 Redis work runs in Starlette's thread pool on the app's synchronous client. An answer
 that cannot reach Redis is a 503 whose text names the redacted URL, never the password.
 """
@@ -22,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import html
 import json
+import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -36,33 +42,40 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from .. import overview
+from .. import audit, overview
 from ..connection import redact
+from ..errors import CampaignNotFound
 from ..web_settings import REFRESH_MAX_S, REFRESH_MIN_S, REFRESH_S
-from . import deadletters
-from .rates import RateTracker
-from .security import COOKIE, Guard, csrf_value, same_secret, session_value
+from . import breakers, deadletters, operate, params
+from .act import Act
+from .params import MAX_BODY_BYTES, MAX_OFFSET, BadRequest
+from .rates import MAX_SAMPLED, RateTracker, Sampler
+from .security import COOKIE, USER_SCOPE, Guard, csrf_value, same_secret, session_value
 
 if TYPE_CHECKING:
     from ..app import App
+    from ..queue import Queue
+
+log = logging.getLogger("batchq.web")
 
 QUEUES_PAGE, QUEUES_PAGE_MAX = 50, 200
 DEAD_PAGE = 50
 WORKERS_PAGE, WORKERS_PAGE_MAX = 50, 200
-MAX_BODY_BYTES = 256 * 1024
-"""An action's body at most: 1,000 ids of a few dozen bytes each fit many times over."""
 CACHE_S = 0.5
 """Reads of the same URL within this share one Redis round trip (many open tabs)."""
 
 PAGES = {"/": "overview", "/queue": "queue", "/dead": "dead", "/dead/job": "job",
-         "/workers": "workers", "/periodic": "periodic"}
+         "/workers": "workers", "/periodic": "periodic", **operate.PAGES,
+         **breakers.PAGES}
 ACTIONS = frozenset({"/api/queue/pause", "/api/queue/resume", "/api/dead/retry",
-                     "/api/dead/purge"})
-STATIC = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
-
-
-class BadRequest(Exception):
-    """A bad parameter: a 400 whose message names it."""
+                     "/api/dead/purge", *operate.ACTIONS, *breakers.ACTIONS})
+STATIC = {"app.js": "text/javascript; charset=utf-8",
+          "ops.js": "text/javascript; charset=utf-8",
+          "breakers.js": "text/javascript; charset=utf-8",
+          "style.css": "text/css; charset=utf-8"}
+ANONYMOUS = "console"
+"""Who an action is recorded as when the console has no token, or the client sent no
+user name (``curl -u alice:TOKEN`` is recorded as ``console:alice``)."""
 
 
 def _json_default(o: Any) -> Any:
@@ -78,24 +91,12 @@ def _json(data: Any, status: int = 200) -> Response:
     return Response(body, status, media_type="application/json")
 
 
-def _int(request: Request, name: str, default: int, lo: int, hi: int | None = None) -> int:
-    raw = request.query_params.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise BadRequest(f"{name} must be an integer, not {raw!r}") from None
-    if value < lo:
-        raise BadRequest(f"{name} must be at least {lo}, not {value}")
-    return value if hi is None else min(value, hi)
+def _int(request: Request, name: str, default: int, lo: int, hi: int) -> int:
+    return params.query_int(request.query_params, name, default, lo, hi)
 
 
 def _str(request: Request, name: str) -> str:
-    value = request.query_params.get(name)
-    if not value:
-        raise BadRequest(f"missing parameter {name!r}")
-    return value
+    return params.query_str(request.query_params, name)
 
 
 def _resource(name: str) -> bytes:
@@ -121,6 +122,11 @@ class Console:
         self.shell = _resource("templates/page.html").decode()
         self.login_html = _resource("templates/login.html").decode()
         self.static = {n: _resource(f"static/{n}") for n in STATIC}
+        self.sampler = Sampler(self.sample_queues)
+
+    def close(self) -> None:
+        """Stop the background rate sampler (the server is stopping)."""
+        self.sampler.stop()
 
     # --- plumbing --------------------------------------------------------------------
 
@@ -128,22 +134,33 @@ class Console:
         """Error text with the Redis password cut out (redis-py may echo a URL)."""
         return text.replace(self._password, "***") if self._password else text
 
+    async def run(self, fn: Callable[[], Any]) -> tuple[int, Any]:
+        """Run ``fn`` in the thread pool: ``(200, its result)``, or ``(400, error)`` for
+        a bad parameter, queue name or value, ``(503, error)`` when Redis cannot be
+        reached (the text never holds the password)."""
+        try:
+            return 200, await run_in_threadpool(fn)
+        except (BadRequest, ValueError) as exc:
+            return 400, {"error": self.scrub(str(exc))}
+        except CampaignNotFound as exc:
+            return 404, {"error": self.scrub(str(exc))}
+        except redis.RedisError as exc:
+            return 503, {"error": self.scrub(f"cannot read Redis ({self.where}): "
+                                             f"{type(exc).__name__}: {exc}")}
+
     async def call(self, fn: Callable[[], Any], cache_key: str | None = None) -> Response:
-        """Run ``fn`` in the thread pool and answer its result as JSON (400 for a bad
-        parameter or queue name, 503 when Redis cannot be reached)."""
+        """Run ``fn`` (``run``) and answer its result as JSON; reads of the same
+        ``cache_key`` within ``CACHE_S`` share one answer."""
+        self.sampler.watched()
         now = time.monotonic()
         if cache_key is not None:
             with self._cache_lock:
                 hit = self._cache.get(cache_key)
             if hit is not None and hit[0] > now:
                 return _json(hit[1])
-        try:
-            data = await run_in_threadpool(fn)
-        except (BadRequest, ValueError) as exc:
-            return _json({"error": self.scrub(str(exc))}, 400)
-        except redis.RedisError as exc:
-            return _json({"error": self.scrub(f"cannot read Redis ({self.where}): "
-                                              f"{type(exc).__name__}: {exc}")}, 503)
+        status, data = await self.run(fn)
+        if status != 200:
+            return _json(data, status)
         if cache_key is not None:
             with self._cache_lock:
                 if len(self._cache) > 256:
@@ -151,13 +168,24 @@ class Console:
                 self._cache[cache_key] = (now + CACHE_S, data)
         return _json(data)
 
-    def queue(self, name: str) -> Any:
+    def queue(self, name: str) -> Queue:
         self.app.keys(name)  # ValueError (400) naming a bad queue name
         return self.app.queue(name)
 
-    def with_rates(self, view: overview.QueueView) -> dict[str, Any]:
+    def record_rates(self, view: overview.QueueView) -> None:
         c = view.counters
-        self.rates.record(view.name, c["enqueued"], c["succeeded"] + c["dead"])
+        self.rates.record(view.name, c["enqueued"],
+                          c["succeeded"] + c["dead"] + c.get("cancelled", 0))
+
+    def sample_queues(self) -> None:
+        """The ``Sampler``'s turn: one sample of the first ``MAX_SAMPLED`` queues."""
+        names = overview.queue_names(self.app, self.app_queues)[:MAX_SAMPLED]
+        if names:
+            for view in overview.read_queues(self.app, names).values():
+                self.record_rates(view)
+
+    def with_rates(self, view: overview.QueueView) -> dict[str, Any]:
+        self.record_rates(view)
         row = view.as_dict()
         for label, window in (("1m", 60.0), ("5m", 300.0)):
             r = self.rates.rates(view.name, window)
@@ -168,14 +196,8 @@ class Console:
     # --- pages -----------------------------------------------------------------------
 
     def page(self, request: Request) -> Response:
-        raw = request.query_params.get("refresh")
-        try:
-            refresh = float(raw) if raw else self.refresh_s
-        except ValueError:
-            refresh = self.refresh_s
-        if refresh != refresh:  # NaN
-            refresh = self.refresh_s
-        refresh = min(max(refresh, REFRESH_MIN_S), REFRESH_MAX_S)
+        refresh = params.query_seconds(request.query_params, "refresh", self.refresh_s,
+                                       REFRESH_MIN_S, REFRESH_MAX_S)
         fill = {"page": PAGES[request.url.path], "csrf": self.csrf,
                 "read_only": "1" if self.read_only else "0",
                 "refresh_ms": str(int(refresh * 1000)), "where": self.where,
@@ -226,9 +248,9 @@ class Console:
 
     async def api_overview(self, request: Request) -> Response:
         def read() -> dict[str, Any]:
-            offset = _int(request, "offset", 0, 0)
+            offset = _int(request, "offset", 0, 0, MAX_OFFSET)
             limit = _int(request, "limit", QUEUES_PAGE, 1, QUEUES_PAGE_MAX)
-            contains = request.query_params.get("q", "")
+            contains = params.query_str(request.query_params, "q", required=False)
             total, views = overview.queue_page(self.app, extra=self.app_queues,
                                                contains=contains, offset=offset,
                                                limit=limit)
@@ -250,11 +272,12 @@ class Console:
         def read() -> dict[str, Any]:
             q = self.queue(_str(request, "queue"))
             limit = _int(request, "limit", DEAD_PAGE, 1, deadletters.PAGE_MAX)
-            text = request.query_params.get("q", "").strip()
+            text = params.query_str(request.query_params, "q", required=False).strip()
             if text:
-                return deadletters.search(self.app, q, text, _int(request, "cursor", 0, 0),
-                                          limit)
-            return deadletters.page(self.app, q, _int(request, "offset", 0, 0), limit)
+                return deadletters.search(self.app, q, text,
+                                          _int(request, "cursor", 0, 0, MAX_OFFSET), limit)
+            return deadletters.page(self.app, q, _int(request, "offset", 0, 0, MAX_OFFSET),
+                                    limit)
         return await self.call(read)
 
     async def api_dead_job(self, request: Request) -> Response:
@@ -269,7 +292,7 @@ class Console:
 
     async def api_workers(self, request: Request) -> Response:
         def read() -> dict[str, Any]:
-            offset = _int(request, "offset", 0, 0)
+            offset = _int(request, "offset", 0, 0, MAX_OFFSET)
             limit = _int(request, "limit", WORKERS_PAGE, 1, WORKERS_PAGE_MAX)
             workers = overview.live_workers(self.app)
             return {"total": len(workers), "offset": offset, "limit": limit,
@@ -282,39 +305,50 @@ class Console:
 
     # --- API: actions ----------------------------------------------------------------
 
-    async def _body(self, request: Request) -> dict[str, Any]:
-        try:
-            body = json.loads(await _read_capped(request))
-        except ValueError:
-            raise BadRequest("the body must be a JSON object") from None
-        if not isinstance(body, dict):
-            raise BadRequest("the body must be a JSON object")
-        if not isinstance(body.get("queue"), str) or not body["queue"]:
-            raise BadRequest("missing \"queue\" in the body")
-        return body
-
-    def _action(self, fn: Callable[[dict[str, Any]], Any]
-                ) -> Callable[[Request], Awaitable[Response]]:
+    def action(self, name: str, fn: Callable[[Act], Any]
+               ) -> Callable[[Request], Awaitable[Response]]:
+        """The endpoint of action ``name``: parse the body (``params.json_object``), run
+        ``fn`` in the thread pool, record the outcome in the audit log (who, what, on
+        what, the result) and answer it."""
         async def endpoint(request: Request) -> Response:
             try:
-                body = await self._body(request)
+                body = params.json_object(await _read_capped(request))
             except BadRequest as exc:
                 return _json({"error": str(exc)}, 400)
             with self._cache_lock:
                 self._cache.clear()  # the next read shows the change
-            return await self.call(lambda: fn(body))
+            act = Act(request.scope.get(USER_SCOPE) or ANONYMOUS, name, body)
+            status, data = await self.run(lambda: fn(act))
+            result = "ok" if status == 200 else str(data.get("error", status))
+            try:
+                await run_in_threadpool(
+                    lambda: audit.record(self.app.redis, self.app.namespace, who=act.who,
+                                         action=name, target=act.target or "?",
+                                         result=result, detail=act.detail))
+            except (redis.RedisError, ValueError) as exc:  # the action itself stands
+                log.warning("could not record %s in the audit log: %s", name, exc)
+                if status == 200:
+                    data = {**data, "audit_error": self.scrub(str(exc))}
+            return _json(data, status)
         return endpoint
 
-    def pause(self, paused: bool) -> Callable[[dict[str, Any]], Any]:
-        def act(body: dict[str, Any]) -> dict[str, Any]:
-            q = self.queue(body["queue"])
+    def queue_of(self, act: Act) -> Queue:
+        """The queue an action names (``"queue"``), its audit target set."""
+        q = self.queue(params.body_str(act.body, "queue"))
+        act.target = f"queue {q.name}"
+        return q
+
+    def pause(self, paused: bool) -> Callable[[Act], Any]:
+        def act_on(act: Act) -> dict[str, Any]:
+            q = self.queue_of(act)
             q.pause() if paused else q.resume()
             return {"queue": q.name, "paused": q.is_paused()}
-        return act
+        return act_on
 
-    def dead_action(self, verb: str) -> Callable[[dict[str, Any]], Any]:
-        def act(body: dict[str, Any]) -> dict[str, Any]:
-            q = self.queue(body["queue"])
+    def dead_action(self, verb: str) -> Callable[[Act], Any]:
+        def act_on(act: Act) -> dict[str, Any]:
+            q = self.queue_of(act)
+            body = act.body
             ids = body.get("ids")
             every = body.get("all") is True
             if every == (ids is not None):
@@ -326,15 +360,24 @@ class Console:
                     raise BadRequest(f"at most {deadletters.MAX_IDS} ids per request, "
                                      f"not {len(ids)}")
                 ids = list(dict.fromkeys(ids))
+            picked: list[str] = ids or []
+            act.detail = "all" if every else (
+                f"job {picked[0]}" if len(picked) == 1 else f"{len(picked)} jobs")
             if (every or len(ids or []) > 1) and body.get("confirmed") is not True:
                 raise BadRequest(f'a bulk {verb} needs "confirmed": true')
             if verb == "retry":
                 skip = body.get("skip", 0)
-                if not isinstance(skip, int) or skip < 0:
-                    raise BadRequest(f'"skip" must be a non-negative integer, not {skip!r}')
-                return deadletters.retry(self.app, q, ids, skip)
-            return deadletters.purge(self.app, q, ids)
-        return act
+                if isinstance(skip, bool) or not isinstance(skip, int) or \
+                        not 0 <= skip <= MAX_OFFSET:
+                    raise BadRequest(f'"skip" must be an integer from 0 to {MAX_OFFSET}, '
+                                     f"not {skip!r}"[:200])
+                res = deadletters.retry(self.app, q, ids, skip)
+                act.detail += f": {res['retried']} retried"
+                return res
+            res = deadletters.purge(self.app, q, ids)
+            act.detail += f": {res['purged']} purged"
+            return res
+        return act_on
 
     # --- the app ---------------------------------------------------------------------
 
@@ -351,12 +394,16 @@ class Console:
             Route("/api/dead/job", self.api_dead_job),
             Route("/api/workers", self.api_workers),
             Route("/api/periodic", self.api_periodic),
-            Route("/api/queue/pause", self._action(self.pause(True)), methods=["POST"]),
-            Route("/api/queue/resume", self._action(self.pause(False)), methods=["POST"]),
-            Route("/api/dead/retry", self._action(self.dead_action("retry")),
+            Route("/api/queue/pause", self.action("pause", self.pause(True)),
                   methods=["POST"]),
-            Route("/api/dead/purge", self._action(self.dead_action("purge")),
+            Route("/api/queue/resume", self.action("resume", self.pause(False)),
                   methods=["POST"]),
+            Route("/api/dead/retry", self.action("dead_retry", self.dead_action("retry")),
+                  methods=["POST"]),
+            Route("/api/dead/purge", self.action("dead_purge", self.dead_action("purge")),
+                  methods=["POST"]),
+            *operate.routes(self),
+            *breakers.routes(self),
         ]
 
 
@@ -390,5 +437,8 @@ def create_app(app: App, *, token: str | None = None, read_only: bool = False,
                       app_queues=list(app.queues() if app_queues is None else app_queues),
                       refresh_s=refresh_s)
     inner = Starlette(routes=console.routes())
-    return Guard(inner, token=token, csrf=console.csrf, read_only=read_only,
-                 actions=ACTIONS, login_page=console.login_page())
+    guard = Guard(inner, token=token, csrf=console.csrf, read_only=read_only,
+                  actions=ACTIONS, login_page=console.login_page(), on_close=console.close)
+    guard.console = console
+    console.sampler.start()
+    return guard

@@ -40,6 +40,10 @@ retry/purge buttons."""
 
 COOKIE = "batchq_session"
 CSRF_HEADER = "x-csrf-token"
+USER_SCOPE = "batchq.user"
+"""Where the request's scope carries who acts (``console:<name>``, the user name of
+HTTP basic auth) for the audit log; absent: the anonymous console."""
+MAX_USER_CHARS = 64
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.", "ip6-localhost"})
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -124,14 +128,37 @@ class Guard:
     """ASGI middleware enforcing the module docstring's rules around the routes."""
 
     def __init__(self, app: ASGIApp, *, token: str | None, csrf: str, read_only: bool,
-                 actions: frozenset[str], login_page: bytes) -> None:
+                 actions: frozenset[str], login_page: bytes,
+                 on_close: Callable[[], None] | None = None) -> None:
         self.app = app
+        self.on_close = on_close
+        self.console: Any = None
+        """The routes' state (``routes.Console``), for a test to look at."""
         self.login_page = login_page
         self.token = token
         self.session = session_value(token) if token else None
         self.csrf = csrf
         self.read_only = read_only
         self.actions = actions
+
+    def close(self) -> None:
+        """The server stops: end what the routes run in the background."""
+        if self.on_close is not None:
+            self.on_close()
+
+    @staticmethod
+    def user_of(scope: Scope) -> str | None:
+        """The user name of HTTP basic auth (``curl -u alice:TOKEN``), as the audit log
+        records it: ``console:alice``; None without one."""
+        scheme, _, cred = (_header(scope, b"authorization") or "").partition(" ")
+        if scheme.lower() != "basic":
+            return None
+        try:
+            user = base64.b64decode(cred.strip()).decode().partition(":")[0]
+        except (ValueError, UnicodeDecodeError):
+            return None
+        user = "".join(ch for ch in user if ch.isprintable())[:MAX_USER_CHARS]
+        return f"console:{user}" if user else None
 
     def authorized(self, scope: Scope) -> bool:
         """The request carries the token (header, basic auth or session cookie)."""
@@ -206,6 +233,10 @@ class Guard:
             if self.read_only and path in self.actions:
                 await _refuse(send_secure, 403, "this console is read-only")
                 return
+            if self.token is not None:  # a name is only taken from an authorized client
+                user = self.user_of(scope)
+                if user is not None:
+                    scope[USER_SCOPE] = user
         await self.app(scope, receive, send_secure)
 
 

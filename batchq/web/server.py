@@ -5,20 +5,37 @@ metrics process, for ``batchq worker --web``) calls; :func:`serve` blocks until 
 SIGTERM (``batchq web``). Both refuse a non-loopback address without a token before
 anything listens, and bind the socket themselves so a busy port fails at once with a
 clear error and port 0 picks a free port.
+
+Connections are capped (``connlimit``): at most ``max_connections`` open (by default
+derived from the file limit; ``$BATCHQ_WEB_MAX_CONNECTIONS``), a connection that has not
+sent its request headers within ``HEADER_TIMEOUT_S`` is closed, and at the cap the oldest
+idle connection makes room for a new one, so clients that connect and send nothing can
+neither exhaust the process's descriptors nor keep a real request out.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import socket
 import threading
 import time
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from ..connlimit import (
+    HEADER_TIMEOUT_S,
+    KEEP_ALIVE_TIMEOUT_S,
+    REFUSAL,
+    ConnectionGate,
+    accept_batch,
+    deepen,
+    max_connections_from,
+)
 from ..web_settings import HOST, PORT, REFRESH_S
 from .routes import create_app
 from .security import check_bind
@@ -30,6 +47,91 @@ log = logging.getLogger("batchq.web")
 
 DEFAULT_HOST, DEFAULT_PORT = HOST, PORT
 START_TIMEOUT_S = 10.0
+MAX_CONNECTIONS_ENV = "BATCHQ_WEB_MAX_CONNECTIONS"
+
+
+class _GatedH11(H11Protocol):
+    """uvicorn's h11 protocol under a :class:`ConnectionGate`, with a deadline for each
+    request's headers (uvicorn has none before the first request)."""
+
+    gate: ClassVar[ConnectionGate]
+    _refused = False
+    _header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if not self.gate.opened(self, transport.abort):
+            self._refused = True
+            transport.write(REFUSAL)
+            transport.close()
+            return
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._refused:
+            return
+        self.gate.closed(self)
+        self._cancel_header_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._refused:
+            super().data_received(data)
+
+    def handle_events(self) -> None:
+        cycle = self.cycle
+        super().handle_events()
+        if self.cycle is not cycle:  # a request's headers are complete
+            self.gate.busy(self)
+            self._cancel_header_timer()
+
+    def on_response_complete(self) -> None:
+        # idle first: answering may start a pipelined request (handle_events: busy)
+        if not self.transport.is_closing():
+            self.gate.idle(self)
+            self._arm_header_timer()
+        super().on_response_complete()
+
+    def _arm_header_timer(self) -> None:
+        self._cancel_header_timer()
+        self._header_timer = self.loop.call_later(HEADER_TIMEOUT_S, self._headers_late,
+                                                  self.cycle)
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_late(self, cycle: object) -> None:
+        self._header_timer = None
+        if self.cycle is cycle and not self.transport.is_closing():
+            self.transport.close()
+
+
+class _GatedServer(uvicorn.Server):
+    """A uvicorn server whose loop reports failed accepts through the gate (one line per
+    burst) instead of one traceback each."""
+
+    def __init__(self, config: uvicorn.Config, gate: ConnectionGate) -> None:
+        super().__init__(config)
+        self.gate = gate
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        asyncio.get_running_loop().set_exception_handler(self.gate.exception_handler)
+        await super().startup(sockets)
+        for sock in sockets or ():
+            deepen(sock)
+
+
+def _gated_config(asgi: Any, gate: ConnectionGate) -> uvicorn.Config:
+    class Protocol(_GatedH11):
+        pass
+
+    Protocol.gate = gate
+    return uvicorn.Config(asgi, log_level="warning", access_log=False, lifespan="off",
+                          server_header=False, loop="asyncio", http=Protocol,
+                          timeout_keep_alive=int(KEEP_ALIVE_TIMEOUT_S),
+                          backlog=accept_batch(gate.max_connections))
 
 
 class WebServer:
@@ -50,6 +152,9 @@ class WebServer:
     def stop(self, timeout_s: float = 5.0) -> None:
         self.server.should_exit = True
         self.thread.join(timeout_s)
+        close = getattr(self.server.config.app, "close", None)
+        if callable(close):  # the console's background rate sampler
+            close()
 
     def __repr__(self) -> str:
         return f"WebServer({self.url!r})"
@@ -72,18 +177,23 @@ def _bind(host: str, port: int) -> socket.socket:
 def start_in_thread(app: App, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
                     token: str | None = None, read_only: bool = False, *,
                     app_queues: list[str] | None = None,
-                    refresh_s: float = REFRESH_S) -> WebServer:
+                    refresh_s: float = REFRESH_S,
+                    max_connections: int | None = None) -> WebServer:
     """Serve the console from a daemon thread and return once it accepts connections.
 
+    ``max_connections``: open connections at most (default ``$BATCHQ_WEB_MAX_CONNECTIONS``,
+    else a quarter of the descriptors free under the file limit, at most 1,024).
+
     Raises :class:`~batchq.web.security.InsecureBindError` (a ``ValueError``) for a
-    non-loopback ``host`` without ``token``, and ``OSError`` when the address is taken."""
+    non-loopback ``host`` without ``token``, ``ValueError`` for a bad
+    ``max_connections``, and ``OSError`` when the address is taken."""
     check_bind(host, token)
+    gate = ConnectionGate("web console", max_connections_from(max_connections,
+                                                              MAX_CONNECTIONS_ENV, log), log)
     asgi = create_app(app, token=token, read_only=read_only, app_queues=app_queues,
                       refresh_s=refresh_s)
     sock = _bind(host, port)
-    config = uvicorn.Config(asgi, log_level="warning", access_log=False, lifespan="off",
-                            server_header=False, loop="asyncio", http="h11")
-    server = uvicorn.Server(config)
+    server = _GatedServer(_gated_config(asgi, gate), gate)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
                               name="batchq-web", daemon=True)
     thread.start()
@@ -103,10 +213,11 @@ def start_in_thread(app: App, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
 
 def serve(app: App, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
           token: str | None = None, read_only: bool = False, *,
-          app_queues: list[str] | None = None, refresh_s: float = REFRESH_S) -> None:
+          app_queues: list[str] | None = None, refresh_s: float = REFRESH_S,
+          max_connections: int | None = None) -> None:
     """Serve the console until SIGINT or SIGTERM (call from the main thread)."""
     web = start_in_thread(app, host, port, token, read_only, app_queues=app_queues,
-                          refresh_s=refresh_s)
+                          refresh_s=refresh_s, max_connections=max_connections)
     stop = threading.Event()
 
     def handle_stop(signum: int, frame: FrameType | None) -> None:

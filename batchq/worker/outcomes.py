@@ -5,7 +5,14 @@ goes to the queue's buffer; the flusher writes the buffers with ``ack.lua`` and
 ``nack.lua`` (1,000 per call, one pipeline for several), as soon as the loop turns
 after the result was buffered. A failed write puts the buffers back in front of newer
 results and is re-sent with backoff: both scripts skip leases that are already gone, so
-re-sending is safe, and stale results are counted, not treated as errors.
+re-sending is safe, and stale results are counted, not treated as errors. A call Redis
+refuses for what it carries (``refused``: an error it would give again, not a full or
+moving server) is never re-sent as it was: a result it cannot keep ends its job dead as
+``result_refused``.
+
+A handler's ``RateLimited`` is bounded here (``hold_bounds``): at least ``MIN_HOLD_S``,
+at most the task's ``max_hold_s``, ``DEFAULT_HOLD_S`` when it carries no usable value,
+and after the task's ``max_refunds`` refunded runs of a job in a row the next counts.
 """
 
 from __future__ import annotations
@@ -13,22 +20,47 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
+import shlex
 import time
 import traceback
 from typing import TYPE_CHECKING, Any
 
-from .. import codec
+import redis
+
+from .. import codec, replicas
+from ..breaker import BreakerOpen
 from ..codec import Job
-from ..errors import RateLimited, Retry
-from ..limits import group_of
+from ..durations import MAX_DURATION_S
+from ..errors import DEFAULT_HOLD_S, MIN_HOLD_S, RateLimited, Retry
+from ..keys import QueueKeys
+from ..limits import group_name, group_of
 from ..metrics import bump
 from ..scripts import arun_pipeline, calls
+from .breakers import Gate
 from .state import CHUNK, REDIS_ERRORS, Buffers, State, backoff_s
 
 if TYPE_CHECKING:
     from ..task import Task
 
 log = logging.getLogger("batchq.worker")
+
+
+_TRANSIENT = (redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError,
+              redis.exceptions.NoScriptError, redis.exceptions.NoPermissionError,
+              redis.exceptions.TryAgainError, redis.exceptions.ClusterDownError,
+              redis.exceptions.MovedError, redis.exceptions.AskError,
+              redis.exceptions.MasterDownError)
+_TRANSIENT_CODES = ("BUSY", "LOADING", "NOREPLICAS", "OOM", "READONLY", "MASTERDOWN",
+                    "TRYAGAIN", "CLUSTERDOWN", "NOPERM", "UNKILLABLE")
+
+
+def refused(exc: BaseException) -> bool:
+    """An error reply Redis would give again to the same call (a value it cannot take),
+    unlike a full, read-only, loading, busy or moving server, or a lost connection: a
+    flush re-sends those for ever, never these."""
+    return isinstance(exc, redis.ResponseError) and not isinstance(exc, _TRANSIENT) \
+        and not str(exc).startswith(_TRANSIENT_CODES)
 
 
 def describe(exc: BaseException) -> str:
@@ -47,6 +79,54 @@ def _format_tb(exc: BaseException) -> str:
         return ""
 
 
+REFUNDS_KEPT = 10_000
+"""Jobs whose refunded ``RateLimited`` runs a worker process counts at once."""
+
+
+def _number(value: object) -> float:
+    """``value`` as a float; nan for anything that is not a number."""
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except BaseException:  # a hostile __float__
+        return math.nan
+
+
+def hold_bounds(exc: BaseException, max_hold_s: float) -> tuple[float, str]:
+    """The hold ``exc`` (a ``RateLimited``) asks for, in seconds, within
+    ``MIN_HOLD_S..max_hold_s``, and a note for the log when it was not taken as asked. A
+    subclass that never set ``retry_after_s``, or a value changed to nan, a string or a
+    negative number, holds ``DEFAULT_HOLD_S``."""
+    try:
+        asked = _number(getattr(exc, "retry_after_s", None))
+    except BaseException:  # a property that raises
+        asked = math.nan
+    if not math.isfinite(asked) or asked < 0:
+        try:
+            raw = repr(getattr(exc, "retry_after_s", "<missing>"))[:40]
+        except BaseException:
+            raw = "<unreadable>"
+        return min(DEFAULT_HOLD_S, max_hold_s), \
+            f" (retry_after_s {raw} is not a number of seconds: the default hold)"
+    if asked > max_hold_s:
+        return max_hold_s, f" (asked {asked:g}s; the task's max_hold_s is {max_hold_s:g}s)"
+    if asked < MIN_HOLD_S:
+        return MIN_HOLD_S, f" (asked {asked:g}s; the shortest hold is {MIN_HOLD_S:g}s)"
+    return asked, ""
+
+
+def retry_delay_s(exc: Retry) -> float | None:
+    """A ``Retry``'s ``delay_s`` if it is a usable number of seconds (it may have been
+    changed after construction), else None: the task's backoff."""
+    try:
+        raw = getattr(exc, "delay_s", None)
+    except BaseException:
+        return None
+    if raw is None:
+        return None
+    d = _number(raw)
+    return d if math.isfinite(d) and 0 <= d <= MAX_DURATION_S else None
+
+
 class Outcomes:
     """Settles jobs into the buffers and flushes them."""
 
@@ -55,6 +135,15 @@ class Outcomes:
         self._lock = asyncio.Lock()
         """One flush at a time: a caller that awaits ``flush`` knows that everything
         buffered before the call is written when it returns (``run`` relies on it)."""
+        self._result_jobs: dict[bytes, Job] = {}
+        """Lease -> job of each result buffered and not yet written (a result Redis
+        refuses dead-letters its job: the record needs the entry)."""
+        self._solo: set[bytes] = set()
+        """Leases of results to send one per call (their call was refused)."""
+        self._refunds: dict[str, int] = {}
+        """Job id -> its ``RateLimited`` runs in a row with the attempt refunded, in this
+        process (at most ``REFUNDS_KEPT``, the oldest forgotten first)."""
+        self.gate = Gate(state, self)  # jobs of open circuit breakers (breakers.py)
 
     # --- settle ------------------------------------------------------------------------
 
@@ -110,13 +199,20 @@ class Outcomes:
             return
         b = self.settle(job)
         b.results.append((job.lease, ttl_ms, data, job.task, job.id))
+        self._result_jobs[job.lease] = job
         self.st.counters.succeeded += 1
 
     def fail(self, job: Job, task: Task[..., Any], exc: BaseException, reason: str) -> None:
         st = self.st
-        if isinstance(exc, RateLimited):
-            self.hold(job, exc)
+        delay: float | None = None
+        if isinstance(exc, BreakerOpen):  # refused before it reached the provider
+            self.gate.refused(job, task, exc)
             return
+        if isinstance(exc, RateLimited):
+            delay = self.hold(job, task, exc)
+            if delay is None:
+                return
+            reason = "rate_limited"  # its refunds are used up: this run counts
         st.counters.failed += 1
         if st.m is not None:
             bump(st.m.failed, (job.queue, job.task, reason))
@@ -124,28 +220,44 @@ class Outcomes:
             self.bury(job, reason, exc)
             return
         c = task.config
-        if isinstance(exc, Retry) and exc.delay_s is not None:
-            delay = exc.delay_s
-        else:
+        if isinstance(exc, Retry):
+            delay = retry_delay_s(exc)
+        if delay is None:
             delay = backoff_s(c.retry_backoff_s, c.retry_backoff_max_s, job.attempt)
         log.info("job %s (%s) attempt %d/%d failed: %s: %s; retry in %.2fs", job.id, job.task,
                  job.attempt, job.max_attempts, type(exc).__name__, describe(exc), delay)
         self.settle(job).retries.append((job.lease, int(delay * 1000), job.task))
         st.counters.retried += 1
 
-    def hold(self, job: Job, exc: RateLimited) -> None:
+    def hold(self, job: Job, task: Task[..., Any], exc: RateLimited) -> float | None:
         """The provider said "too many": the job goes back to the head of its group
         with its attempt refunded, and the group (or the queue) is held in Redis. The
         jobs of that group (or queue) this process fetched but did not start go back
-        with it, so none of them reaches the provider during the hold."""
+        with it, so none of them reaches the provider during the hold.
+
+        The hold is bounded (``hold_bounds``); after the task's ``max_refunds`` such runs
+        of one job in a row, nothing is held and the hold in seconds is returned: this
+        run counts as a failed attempt, retried after it. None when held."""
         st = self.st
+        c = task.config
+        hold_s, why = hold_bounds(exc, c.max_hold_s)
+        n = self._refunds.pop(job.id, 0) + 1
+        if n > c.max_refunds:
+            log.warning("job %s (%s) rate limited %d times in a row (max_refunds=%d): "
+                        "attempt %d/%d counts", job.id, job.task, n, c.max_refunds,
+                        job.attempt, job.max_attempts)
+            return hold_s
+        self._refunds[job.id] = n
+        if len(self._refunds) > REFUNDS_KEPT:
+            del self._refunds[next(iter(self._refunds))]
+        ms = round(hold_s * 1000)
         group = group_of(job.id)
-        log.info("job %s (%s) rate limited: its %s is held for %.1fs", job.id, job.task,
-                 "group" if group else "queue", exc.retry_after_s)
-        try:  # a handler may have changed the attribute to anything
-            ms = round(min(max(float(exc.retry_after_s), 0.0), 86400.0) * 1000)
-        except (TypeError, ValueError, OverflowError):
-            ms = 1000
+        what = f"group {group_name(group)!r} of queue {job.queue!r}" if group \
+            else f"queue {job.queue!r}"
+        release = f"batchq release MODULE:APP {shlex.quote(job.queue)}" + (
+            f" --group {shlex.quote(group_name(group))}" if group else "")
+        log.info("job %s (%s) rate limited: its %s is held for %.1fs%s; to end the hold "
+                 "early: %s", job.id, job.task, what, hold_s, why, release)
         back = [job]
         keep: list[Job | list[Job]] = []
         for item in st.work:
@@ -162,8 +274,18 @@ class Outcomes:
         for j in back:
             self.settle(j).holds.append((j.lease, ms, j.task))
         st.counters.held += len(back)
+        return None
 
     def bury(self, job: Job, reason: str, exc: BaseException) -> None:
+        self._bury(job, reason, exc, self.settle(job))
+
+    def bury_settled(self, job: Job, reason: str, exc: BaseException) -> None:
+        """``bury`` a job already settled as a success whose ack Redis refused."""
+        self.st.counters.succeeded -= 1
+        self._bury(job, reason, exc, self.st.buf[job.queue])
+        self.st.flush_event.set()
+
+    def _bury(self, job: Job, reason: str, exc: BaseException, b: Buffers) -> None:
         message = describe(exc)
         log.warning("job %s (%s) dead-lettered: %s: %s: %s", job.id, job.task, reason,
                     type(exc).__name__, message)
@@ -174,7 +296,7 @@ class Outcomes:
         )
         # an unregistered name is not a metrics label: producers must not mint series
         label = job.task if job.task in self.st.tasks else ""
-        self.settle(job).dead.append((job.lease, record, label, reason))
+        b.dead.append((job.lease, record, label, reason))
         self.count_dead(reason)
 
     def bury_raw(self, queue: str, raw: bytes, reason: str, exc: BaseException,
@@ -236,13 +358,18 @@ class Outcomes:
             st.buf[k.queue] = Buffers()
         # (call, queue, outcome, label of each item for the metrics)
         batch: list[tuple[calls.Call, str, str, list[Any]]] = []
+        kept: dict[int, tuple[QueueKeys, list[Any]]] = {}  # batch index -> results sent
         for k, b in todo:
             q = k.queue
             for i in range(0, len(b.acks), CHUNK):
                 batch.append((calls.ack(k, b.acks[i : i + CHUNK]), q, "ok",
                               b.ack_tasks[i : i + CHUNK]))
-            for i in range(0, len(b.results), CHUNK):
-                part_r = b.results[i : i + CHUNK]
+            solo = self._solo
+            chunks = [[r] for r in b.results if r[0] in solo] if solo else []
+            rest = [r for r in b.results if r[0] not in solo] if solo else b.results
+            chunks += [rest[i : i + CHUNK] for i in range(0, len(rest), CHUNK)]
+            for part_r in chunks:
+                kept[len(batch)] = (k, part_r)
                 batch.append((calls.ack_result(k, [(lease, ttl, data)
                                                    for lease, ttl, data, _, _ in part_r],
                                                [r[4] for r in part_r]),
@@ -263,15 +390,28 @@ class Outcomes:
                               "held", [t for _, t in part_h]))
         t0 = time.perf_counter()
         try:
-            if len(batch) == 1:
-                results = [await st.scripts.call(batch[0][0])]
+            d = st.app.clients.durability
+            if d.min_replicas:  # the flush and one WAIT on its connection (replicas.py)
+                results, acked = await replicas.run_async(st.redis, [
+                    (st.scripts.by_name[c.script], c.keys, c.args) for c, _, _, _ in batch], d)
+                replicas.warn_short(d, acked, "acks")
+                for r in results:
+                    if isinstance(r, Exception) and not refused(r):
+                        raise r
+            elif len(batch) == 1:
+                try:
+                    results = [await st.scripts.call(batch[0][0])]
+                except redis.ResponseError as exc:
+                    if not refused(exc):
+                        raise
+                    results = [exc]
             else:
                 pipe = st.redis.pipeline(transaction=False)
                 for c, _, _, _ in batch:
                     await st.scripts.call(c, client=pipe)
                 results = await arun_pipeline(pipe, st.redis)
                 for r in results:
-                    if isinstance(r, Exception):
+                    if isinstance(r, Exception) and not refused(r):
                         raise r
         except BaseException:
             # put everything back in front of what arrived meanwhile; resending is safe
@@ -279,7 +419,44 @@ class Outcomes:
                 b.extend(st.buf[k.queue])
                 st.buf[k.queue] = b
             raise
-        self._count_flushed(batch, results, time.perf_counter() - t0)
+        elapsed_s = time.perf_counter() - t0
+        bad = {i for i, r in enumerate(results) if isinstance(r, Exception)}
+        for i, (_, part) in kept.items():
+            if i not in bad:  # written (or stale): forgotten
+                for r in part:
+                    self._result_jobs.pop(r[0], None)
+                    self._solo.discard(r[0])
+        if bad:
+            # sent again, the same call gets the same refusal: never retried as a whole
+            for i in sorted(bad):
+                self._refused_call(batch[i], results[i], kept.get(i))
+            batch = [c for i, c in enumerate(batch) if i not in bad]
+            results = [r for i, r in enumerate(results) if i not in bad]
+        self._count_flushed(batch, results, elapsed_s)
+
+    def _refused_call(self, entry: tuple[calls.Call, str, str, list[Any]],
+                      exc: BaseException, sent: tuple[QueueKeys, list[Any]] | None) -> None:
+        """Redis refused a call of the flush (an error it would give again). Results
+        that could not be kept are sent again one by one, each refused one ends its job
+        dead as ``result_refused``; any other refused call is dropped with an error
+        line: its leases expire and the reaper gives the jobs back."""
+        c, q, kind, _ = entry
+        if sent is not None and len(sent[1]) > 1:
+            for item in sent[1]:  # which one Redis refuses is not known: one per call
+                self.st.buf[q].results.append(item)
+                self._solo.add(item[0])
+            self.st.flush_event.set()
+            return
+        if sent is not None:
+            lease = sent[1][0][0]
+            job = self._result_jobs.pop(lease, None)
+            self._solo.discard(lease)
+            if job is not None:
+                self.bury_settled(job, "result_refused",
+                                  RuntimeError(f"Redis refused to keep the result: {exc}"))
+                return
+        log.error("Redis refused %s (%s, queue %r): %s; dropped, the leases will expire and "
+                  "the jobs run again", c.script, kind, q, exc)
 
     def _count_flushed(self, batch: list[tuple[calls.Call, str, str, list[Any]]],
                        results: list[Any], elapsed_s: float) -> None:

@@ -139,6 +139,9 @@ class Registry:
                 "failed": c.failed,
                 "in_flight": st.in_flight,
                 "paused": int(st.fetch_paused),
+                # the supervisor's replacements by reason when it forked this process
+                "restarts": ",".join(f"{k}={v}" for k, v in
+                                     st.settings.supervisor_restarts),
             })
         pipe.expire(self._info_key, int(INFO_TTL_S))
         await pipe.execute()
@@ -164,7 +167,10 @@ def _parse(fields: dict[Any, Any]) -> dict[str, Any]:
         key, val = _text(k), _text(v)
         parsed: Any = val
         try:
-            if key in _INT_FIELDS:
+            if key == "restarts":
+                parsed = {r: int(n) for r, _, n in
+                          (x.partition("=") for x in val.split(",") if x)}
+            elif key in _INT_FIELDS:
                 parsed = int(val)
             elif key in _FLOAT_FIELDS:
                 parsed = float(val)

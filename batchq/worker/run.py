@@ -1,4 +1,6 @@
-"""Running: ``concurrency`` runner coroutines take jobs from ``state.work`` and run them.
+"""Running: up to ``concurrency`` runner coroutines take jobs from ``state.work`` and run
+them. Runners are made as jobs arrive (``State.wake_runners``), so a process holds as
+many as it ever had jobs to run at once, not one per slot.
 
 Async handlers run inline, plain functions in a thread pool of ``concurrency`` threads,
 batch handlers with a list of jobs. Every run ends in exactly one outcome (ack, retry
@@ -28,13 +30,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..codec import Job
+from ..context import RunnerSlot, job_var, slot_var
 from ..load.probe import LOAD_KWARG, Probe
+from .context import Owner
 from .leases import Leases
 from .outcomes import Outcomes, describe
 from .state import RUN_SAMPLE_MASK, YIELD_EVERY_S, State
@@ -86,19 +91,28 @@ class Runners:
         self.leases = leases
         self.probe: Probe | None = None
         """Load-test figures (``batchq.load.probe``), made on the first load job."""
+        self.ctx = Owner(state)
+        """Job contexts (``batchq.current_job()``) and their progress writes."""
 
-    def start(self) -> list[asyncio.Task[None]]:
-        self.st.runner_tasks = [
-            asyncio.create_task(self.runner(), name=f"batchq-run-{i}")
-            for i in range(self.st.settings.concurrency)
-        ]
-        return self.st.runner_tasks
+    def start(self) -> None:
+        """From now on ``State.wake_runners`` makes runners when too few are idle."""
+        st = self.st
+        self.ctx.start()
+        st.runner_tasks = []
+        st.spawn_runner = lambda: asyncio.create_task(
+            self.runner(), name=f"batchq-run-{len(st.runner_tasks)}")
+        if st.work:
+            st.wake_runners(1)
 
     async def runner(self) -> None:
         st = self.st
         work = st.work
         loop = st.loop
         me = asyncio.current_task()
+        st.waking -= 1  # made by wake_runners, counted as woken until here
+        # the job context (batchq.context): the runner once, the job a set and a reset
+        slot = RunnerSlot(self.ctx, _now() - _perf())
+        slot_var.set(slot)
         # the runner's clock, read once between two items: the end of one is the start of
         # the next unless the runner awaits in between (then it reads the clock again),
         # so the metrics time each job without reading a clock of their own
@@ -117,6 +131,8 @@ class Runners:
             if work and not st.waking:
                 st.wake_runners(1)
             st.running[me] = item
+            slot.item, slot.t0 = item, t
+            token = job_var.set(item)
             ser = None
             # the hot path awaits the handler two frames down (runner, _run_one): the
             # busy count and the run-time sample are kept here, not in a coroutine
@@ -138,6 +154,8 @@ class Runners:
             except BaseException as exc:
                 log.exception("internal error running %s; failing what is unsettled", item)
                 self._settle_leftovers([item] if one else item, exc)  # type: ignore
+            finally:
+                job_var.reset(token)
             now = _perf()
             if ser is not None:
                 ser.runs.append(now - t)
@@ -199,7 +217,7 @@ class Runners:
             await self.out.flush_with_retry()
         finally:
             st.exclusive = False
-            st.wake_runners(min(len(st.work), len(st.idle_runners)))
+            st.wake_runners(len(st.work))
 
     def _settle_leftovers(self, jobs: list[Job], exc: BaseException) -> None:
         st = self.st
@@ -229,6 +247,9 @@ class Runners:
             exc = LookupError(f"no task named {job.task!r} is registered")
             self.out.bury(job, "unknown_task", exc)
             return None
+        if task.config.breaker is not None and not self.out.gate.clear(task) \
+                and await self.out.gate.check(job, task):
+            return None  # its circuit breaker is open: held, or re-routed to a fallback
         # the hot path: one coroutine per job, metrics inline (a counter and an append;
         # no clock of their own: t0 is the runner's)
         m = st.m
@@ -245,15 +266,22 @@ class Runners:
         fn = task.fn
         if job.kwargs and LOAD_KWARG in job.kwargs:  # a `batchq bench load` job
             fn = self._load_probe().wrap(job, fn, task.is_async)
+        if st.app.clients.otel is not None:  # traced (batchq.otel): a span around the run
+            fn = st.app.clients.otel.wrap(job, fn, task.is_async)
         if not task.is_async:
             await self._run_sync(task, job, fn, *job.args, **job.kwargs)
         else:
-            timeout = task.config.timeout_s
+            timeout = task.config.timeout_s if job.timeout_s is None else job.timeout_s
             try:
-                if timeout is None:
-                    value = await fn(*job.args, **job.kwargs)
-                else:
-                    value = await _with_timeout(fn(*job.args, **job.kwargs), timeout, job.task)
+                try:
+                    if timeout is None:
+                        value = await fn(*job.args, **job.kwargs)
+                    else:
+                        value = await _with_timeout(fn(*job.args, **job.kwargs), timeout,
+                                                    job.task)
+                finally:
+                    if self.ctx.live:  # its last progress, before its outcome
+                        await self.ctx.finish(job)
             except asyncio.CancelledError as exc:
                 if _we_are_cancelled():
                     st.interrupted.append(job)
@@ -281,14 +309,24 @@ class Runners:
         timeout the attempt fails (retry or dead letter) and the result is discarded,
         but the runner waits for the thread before it takes another job, so at most
         ``concurrency`` threads ever run."""
-        fut = asyncio.wrap_future(self.st.thread_pool().submit(fn, *args, **kwargs))
-        timeout = task.config.timeout_s
+        # the thread runs in a copy of this context: current_job() is this job there
+        fut = asyncio.wrap_future(self.st.thread_pool().submit(
+            contextvars.copy_context().run, fn, *args, **kwargs))
+        timeout = task.config.timeout_s if job.timeout_s is None else job.timeout_s
         try:
             if timeout is None:
-                value = await fut
+                try:
+                    value = await fut
+                finally:
+                    if self.ctx.live:
+                        await self.ctx.finish(job)
             else:
                 try:
-                    value = await asyncio.wait_for(asyncio.shield(fut), timeout)
+                    try:
+                        value = await asyncio.wait_for(asyncio.shield(fut), timeout)
+                    finally:
+                        if self.ctx.live:
+                            await self.ctx.finish(job)
                 except TimeoutError:
                     if fut.done():
                         raise
@@ -330,12 +368,19 @@ class Runners:
     async def _run_batch_timed(self, jobs: list[Job]) -> None:
         st = self.st
         task = st.tasks[jobs[0].task]
+        fn = task.fn if st.app.clients.otel is None else \
+            st.app.clients.otel.wrap_batch(jobs, task.fn, task.is_async)  # traced (batchq.otel)
         timeout = task.config.timeout_s
         try:
-            if task.is_async:
-                result = await _with_timeout(task.fn(jobs), timeout, f"{task.name} batch")
-            else:
-                result = await st.loop.run_in_executor(st.thread_pool(), task.fn, jobs)
+            try:
+                if task.is_async:
+                    result = await _with_timeout(fn(jobs), timeout, f"{task.name} batch")
+                else:
+                    result = await st.loop.run_in_executor(
+                        st.thread_pool(), contextvars.copy_context().run, fn, jobs)
+            finally:
+                if self.ctx.live:  # the jobs' last progress, before their outcomes
+                    await self.ctx.finish(jobs)
         except asyncio.CancelledError as exc:
             if _we_are_cancelled():
                 st.interrupted.extend(jobs)

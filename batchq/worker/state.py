@@ -16,6 +16,7 @@ import contextlib
 import os
 import random
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ from redis.exceptions import RedisClusterException
 
 from .. import shards
 from ..codec import Job
+from ..durations import check_seconds
 from ..exitcodes import EXIT_OK
 from ..keys import QueueKeys
 from ..lane import AsyncLane, async_lane
@@ -81,6 +83,16 @@ perform operation on <TCPTransport closed=True>...")`` instead of a ConnectionEr
 connection too. Only Redis calls sit inside ``except REDIS_ERRORS``."""
 
 
+MAX_CONCURRENCY = 10_000
+"""The most jobs one worker process may run at once (``WorkerSettings.concurrency``):
+far above what one event loop serves well (use more processes), low enough that the
+prefetch it sizes and the threads a sync handler may take stay within one machine."""
+
+
+MAX_GC_THRESHOLD = 2**31 - 1
+"""The largest first-generation threshold ``gc.set_threshold`` takes (a C int)."""
+
+
 @dataclass(frozen=True)
 class WorkerSettings:
     """How one worker process runs."""
@@ -88,6 +100,8 @@ class WorkerSettings:
     queues: tuple[str, ...] = ()
     """Queues to serve; empty means every queue the app's tasks use."""
     concurrency: int = 100
+    """Jobs run at once, 1 to ``MAX_CONCURRENCY``. Runners are made as jobs arrive, not
+    upfront, so a high cap costs nothing while it is not used."""
     lease_s: float = 30.0
     fetch_batch: int = 100
     burst: bool = False
@@ -96,6 +110,12 @@ class WorkerSettings:
     """Longest idle wait between two looks at Redis (bounds idle command rate)."""
     max_jobs: int | None = None
     """Stop gracefully after this many jobs (recycling, for leaky handlers)."""
+    max_memory_mb: int | None = None
+    """Stop gracefully once the process's RSS passes this many MiB (checked every
+    second), exiting ``EXIT_MEMORY``: the supervisor replaces it (``worker.memory``)."""
+    supervisor_restarts: tuple[tuple[str, int], ...] = ()
+    """The supervisor's replacements by reason when it forked this process (shown by
+    ``batchq info`` through the worker registry)."""
     install_signal_handlers: bool = True
     metrics: bool = True
     """Count jobs for Prometheus (``batchq.metrics``); off saves a little per job."""
@@ -119,21 +139,25 @@ class WorkerSettings:
     See ``worker.run_worker``."""
 
     def __post_init__(self) -> None:
-        if self.concurrency < 1:
-            raise ValueError(f"concurrency must be at least 1, not {self.concurrency!r}")
-        if not self.lease_s >= 1 or self.lease_s == float("inf"):
-            raise ValueError(f"lease_s must be a finite number of seconds >= 1, not "
-                             f"{self.lease_s!r}")
+        c = self.concurrency
+        if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= MAX_CONCURRENCY:
+            raise ValueError(f"concurrency must be a whole number from 1 to "
+                             f"{MAX_CONCURRENCY:,} (use more processes beyond), not {c!r}")
+        check_seconds("lease_s", self.lease_s, min_s=1)
         if not 1 <= self.fetch_batch <= CHUNK:
             raise ValueError(f"fetch_batch must be 1..{CHUNK}, not {self.fetch_batch!r}")
         if self.max_jobs is not None and self.max_jobs < 1:
             raise ValueError(f"max_jobs must be at least 1, not {self.max_jobs!r}")
+        if self.max_memory_mb is not None and not (
+                isinstance(self.max_memory_mb, int) and self.max_memory_mb >= 1):
+            raise ValueError(f"max_memory_mb must be a whole number of MiB, at least 1, "
+                             f"not {self.max_memory_mb!r}")
         if not self.heartbeat_interval_s > 0:
             raise ValueError(f"heartbeat_interval_s must be positive, not "
                              f"{self.heartbeat_interval_s!r}")
-        if self.gc_threshold < 0:
-            raise ValueError(f"gc_threshold must be 0 (leave the collector alone) or more, "
-                             f"not {self.gc_threshold!r}")
+        if not 0 <= self.gc_threshold <= MAX_GC_THRESHOLD:
+            raise ValueError(f"gc_threshold must be 0 (leave the collector alone) to "
+                             f"{MAX_GC_THRESHOLD:,}, not {self.gc_threshold!r}")
         check_selection(self.queues, self.order, self.weights)
 
 
@@ -250,6 +274,10 @@ class State:
         another job meanwhile."""
         self.idle_runners: collections.deque[asyncio.Future[None]] = collections.deque()
         self.waking = 0
+        """Runners woken (or made) that have not taken a job yet."""
+        self.spawn_runner: Callable[[], asyncio.Task[None]] | None = None
+        """Makes a new runner (``run.Runners.start`` sets it): runners are made as jobs
+        arrive, at most ``concurrency`` of them, never one per slot upfront."""
         self.running: dict[asyncio.Task[Any] | None, Job | list[Job]] = {}
         """What each runner took last (for handlers that ignore cancellation)."""
         self.runner_tasks: list[asyncio.Task[None]] = []
@@ -319,7 +347,8 @@ class State:
         return self.pool
 
     def wake_runners(self, n: int) -> None:
-        """Wake up to ``n`` idle runners (all of them when stopping)."""
+        """Wake up to ``n`` idle runners (all of them when stopping); when too few are
+        idle, make new ones while fewer than ``concurrency`` exist."""
         idle = self.idle_runners
         while n > 0 and idle:
             fut = idle.popleft()
@@ -327,6 +356,12 @@ class State:
                 fut.set_result(None)
                 self.waking += 1
                 n -= 1
+        spawn = self.spawn_runner
+        if n > 0 and spawn is not None and not self.stopping:
+            n = min(n, self.settings.concurrency - len(self.runner_tasks))
+            for _ in range(n):
+                self.runner_tasks.append(spawn())
+                self.waking += 1  # the new runner counts as woken until it takes a job
 
     def note_run(self, elapsed_s: float, jobs: int) -> None:
         """A handler ran ``jobs`` jobs in ``elapsed_s`` of wall time."""

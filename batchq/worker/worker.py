@@ -32,11 +32,12 @@ from typing import TYPE_CHECKING
 import redis
 
 from .. import periodic, shards
-from ..exitcodes import EXIT_ERROR, EXIT_RECYCLED
+from ..exitcodes import EXIT_ERROR, EXIT_MEMORY, EXIT_RECYCLED, EXIT_USAGE
 from ..keys import QueueKeys, queues_key, shards_key
 from .campaigns import FollowUp
 from .fetch import Fetcher
 from .leases import Leases
+from .memory import MIB, rss_bytes, watch
 from .outcomes import Outcomes
 from .registry import Registry
 from .run import Runners
@@ -75,6 +76,8 @@ class Worker:
         self.registry = Registry(st)
         self.registry.on_orphaned = self.request_stop
         self.followup = FollowUp(st)
+        self.over_memory = False
+        """The RSS passed ``max_memory_mb``: the stop ends in ``EXIT_MEMORY``."""
 
     @property
     def queues(self) -> tuple[QueueKeys, ...]:
@@ -150,6 +153,9 @@ class Worker:
             asyncio.create_task(self.followup.loop(), name="batchq-campaigns"),
             asyncio.create_task(self._shards_loop(), name="batchq-shards"),
         ]
+        if s.max_memory_mb is not None:
+            helpers.append(asyncio.create_task(watch(st, s.max_memory_mb, self._over_memory),
+                                               name="batchq-memory"))
         # every process runs the scheduler, one of them leads; a burst worker exits
         # when drained, so it never takes a leadership it would drop at once
         sched = None if s.burst else asyncio.create_task(
@@ -182,7 +188,14 @@ class Worker:
                 await self.runners.probe.close()  # the last load-test figures
             self._publish_metrics()
             await self._close()
+        if self.over_memory:
+            return EXIT_MEMORY
         return EXIT_RECYCLED if st.recycled else st.exit_code
+
+    def _over_memory(self, rss_mb: float) -> None:
+        """The memory cap's stop: the graceful stop order, as on SIGTERM."""
+        self.over_memory = True
+        self.request_stop()
 
     def _install_signals(self) -> None:
         loop = self.state.loop
@@ -224,7 +237,8 @@ class Worker:
             # order popped only while no pop is re-sent after NOSCRIPT (read-ahead)
             await st.scripts.load(PRELOADED_SCRIPTS)
         except redis.ResponseError as exc:  # e.g. an ACL without script|load
-            log.warning("could not load the scripts (%s); each loads on first use", exc)
+            log.warning("could not load the scripts (%s); each is sent whole (EVAL) when the "
+                        "server does not know it", exc)
         s = self.settings
         log.info("worker %s serving %s (concurrency %d, lease %.0fs)", st.worker_id,
                  ",".join(k.queue for k in st.queues), s.concurrency, s.lease_s)
@@ -314,6 +328,8 @@ class Worker:
             st.pool.shutdown(wait=False, cancel_futures=True)
         await st.redis.aclose()
         await st.bredis.aclose()
+        if st.app.clients.otel is not None:  # its last spans (a supervised child os._exits)
+            await asyncio.to_thread(st.app.clients.otel.flush)
 
 
 def _scheduler_ended(task: asyncio.Task[None]) -> None:
@@ -343,6 +359,12 @@ def run_worker(app: App, settings: WorkerSettings | None = None) -> int:
     except ImportError:  # pragma: no cover - uvloop is a dependency on POSIX
         factory = None
     worker = Worker(app, settings)
+    cap_mb = worker.settings.max_memory_mb
+    if cap_mb is not None and rss_bytes() >= cap_mb * MIB:
+        # it would be replaced again and again without running a job
+        log.error("--max-memory-per-child %d MB is below this process's RSS at start "
+                  "(%.0f MB): raise it", cap_mb, rss_bytes() / MIB)
+        return EXIT_USAGE
     tune_gc(worker.settings.gc_threshold)
     loop = factory() if factory is not None else asyncio.new_event_loop()
     try:

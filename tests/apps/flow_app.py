@@ -42,7 +42,7 @@ def build(redis_url: str, namespace: str, log_path: str | None = None) -> batchq
                 await asyncio.sleep(secs)
             _record(log_path, "work", job, t0, time.time())
 
-    @app.task(batch_size=1, max_attempts=1)
+    @app.task(batch_size=1, max_attempts=1, max_hold_s=86400)  # tests hold for an hour
     async def throttled(jobs: list[batchq.Job]) -> None:
         """Raises RateLimited(args[1]) on the first run of a token listed in args[2]."""
         for job in jobs:

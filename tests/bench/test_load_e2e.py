@@ -21,7 +21,7 @@ from batchq.keys import load_keys
 REPO = Path(__file__).resolve().parent.parent.parent
 APP = "bench.loadtest.app:app"
 JSON_KEYS = {"offered_rate", "achieved_rate", "sent", "errors", "errors_by_type", "run_ms",
-             "start_ms", "done_ms", "timeline"}
+             "start_ms", "done_ms", "timeline", "status", "reason"}
 PCT_KEYS = ["p50", "p90", "p99", "p999", "max"]
 
 

@@ -148,5 +148,7 @@ def test_rerun_of_a_crashed_campaign_producer_adds_only_what_is_missing(app, dra
     assert (s.total, s.succeeded, s.pending) == (100, 60, 40)
     drain("a")
     assert c.stats().done and c.stats().succeeded == 100
-    with pytest.raises(batchq.CampaignClosed):
-        send.options(campaign=c).enqueue_many(rows, key_fn=key)
+    # run again after it finished: every key held, nothing to write, the holders' ids
+    assert send.options(campaign=c).enqueue_many(rows, key_fn=key) == ids
+    with pytest.raises(batchq.CampaignClosed):  # a row that would be written
+        send.options(campaign=c).enqueue_many([*rows, (100,)], key_fn=key)

@@ -53,3 +53,34 @@ def test_limit_info_and_metrics_across_nodes(cluster: EmbeddedCluster,
     for i, q in enumerate(qs):
         code, out, err = _cli(cluster, app.namespace, "limit", "rm", q, "--group", f"g{i}")
         assert code == 0 and "removed" in out, err
+
+
+def test_hold_release_and_audit_across_nodes(cluster: EmbeddedCluster,
+                                             app: batchq.App) -> None:
+    """``batchq hold`` / ``release`` / ``resume`` on queues held by three nodes (the hold
+    script keyed by each queue), every action in the audit log (a stream outside every
+    queue's tag), and grouped jobs counted by priority there too."""
+    from batchq import audit
+
+    qs = queues_on_nodes(cluster, app.namespace, prefix="hr")
+    rec = app.tasks["rec"]
+    for i, q in enumerate(qs):
+        rec.options(queue=q, group=f"g{i}", priority=4).enqueue_many([f"a{i}", f"b{i}"])
+        code, out, err = _cli(cluster, app.namespace, "hold", q, "600")
+        assert code == 0 and "is held until" in out, err
+        code, out, err = _cli(cluster, app.namespace, "hold", q, "300", "--group", f"g{i}")
+        assert code == 0, err
+        code, out, err = _cli(cluster, app.namespace, "resume", q)
+        assert code == 0 and "by an operator" in out and "1 group is held" in out, err
+        st = app.queue(q).stats()
+        assert st.ready_by_priority == {4: 2} and st.oldest_age_s >= 0
+        code, out, err = _cli(cluster, app.namespace, "release", q, "--group", f"g{i}")
+        assert code == 0 and "released" in out, err
+        code, out, err = _cli(cluster, app.namespace, "release", q)
+        assert code == 0 and "released" in out, err
+        assert app.queue(q).holds() == batchq.limits.Holds()
+
+    entries = audit.read(app.redis, app.namespace, 100)
+    assert [(e.action, e.result) for e in reversed(entries)] == [
+        (a, "ok") for _ in qs for a in ("hold", "hold", "resume", "release", "release")]
+    assert {e.target for e in entries} >= {f"queue {q}" for q in qs}

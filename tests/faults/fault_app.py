@@ -17,7 +17,7 @@ true times, comparable with the Redis server's ``TIME`` on the same host.
 Environment, read at import time: ``BATCHQ_REDIS_URL``, ``FAULT_NS`` (the key namespace;
 the module-level ``app`` is ``None`` without it), ``FAULT_RUNS`` (the directory of the
 run files; nothing is recorded without it), ``FAULT_SOCKET_TIMEOUT`` (seconds, the
-client's socket timeout; default batchq's).
+client's socket timeout; default batchq's), ``FAULT_MIN_REPLICAS`` (``App(min_replicas)``).
 
 Tasks (the first argument is always the job's token, unique per job):
 
@@ -106,8 +106,9 @@ class Recorder:
 
 
 def build(redis_url: str | None, namespace: str, runs_dir: str | None = None, *,
-          socket_timeout_s: float | None = None, record_starts: bool = True) -> batchq.App:
-    app = batchq.App(redis_url, namespace=namespace)
+          socket_timeout_s: float | None = None, record_starts: bool = True,
+          min_replicas: int = 0) -> batchq.App:
+    app = batchq.App(redis_url, namespace=namespace, min_replicas=min_replicas)
     if socket_timeout_s is not None:
         app.redis_settings = RedisSettings(app.redis_url, socket_timeout_s=socket_timeout_s)
     rec = Recorder(runs_dir, record_starts)
@@ -206,6 +207,7 @@ def _env_float(name: str) -> float | None:
 app = (
     build(os.environ.get("BATCHQ_REDIS_URL"), os.environ["FAULT_NS"],
           os.environ.get("FAULT_RUNS"), socket_timeout_s=_env_float("FAULT_SOCKET_TIMEOUT"),
-          record_starts=os.environ.get("FAULT_RECORD_STARTS", "1") != "0")
+          record_starts=os.environ.get("FAULT_RECORD_STARTS", "1") != "0",
+          min_replicas=int(os.environ.get("FAULT_MIN_REPLICAS", "0")))
     if os.environ.get("FAULT_NS") else None
 )

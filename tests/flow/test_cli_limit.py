@@ -87,7 +87,7 @@ def test_json_shapes(app: batchq.App, queue_name: str, env: dict[str, str | None
 
     out = json.loads(cli(["limit", "list", APP, queue_name, "--json"], env).stdout)
     assert set(out) == {"queue", "limits", "grouped", "groups_ready", "groups_waiting",
-                        "held_s", "waiting_groups"}
+                        "held_s", "held_why", "waiting_groups"}
     assert (out["grouped"], out["groups_ready"], out["groups_waiting"]) == (3, 1, 1)
     own, held = out["limits"]
     assert own == {"group": None, "rate_per_s": None, "burst": None, "concurrency": 10,
@@ -97,7 +97,7 @@ def test_json_shapes(app: batchq.App, queue_name: str, env: dict[str, str | None
     assert 590 < held["until_s"] <= 600
     [w] = out["waiting_groups"]
     assert w["group"] == "held" and w["state"] == "waiting" and w["pending"] == 2
-    assert 590 < w["until_s"] <= 600
+    assert 590 < w["until_s"] <= 600 and w["why"] == "operator"
 
     out = json.loads(cli(["limit", "rm", APP, queue_name, "--group", "held", "--json"],
                          env).stdout)

@@ -29,6 +29,15 @@ BATCHQ_COMMANDS = (
     # the per-job channels (scripts publish, result() subscribes)
     "+incrby", "+setbit", "+getbit", "+bitfield", "+setrange", "+publish", "+subscribe",
     "+unsubscribe",
+    # flow control: the ready jobs of each group, ordered in one sorted set (pop.lua,
+    # the grouped counts of stats)
+    "+zrangebylex", "+zremrangebylex", "+zrevrangebylex", "+zlexcount",
+    # the audit log of operator actions (a capped stream)
+    "+xadd", "+xtrim", "+xrevrange",
+    # replace / debounce: a waiting job's entry swapped in its ready list (LPOS, LSET)
+    "+lset",
+    # App(min_replicas=...): the replicas confirm a write (WAITAOF with replica_fsync)
+    "+wait", "+waitaof",
 )
 
 

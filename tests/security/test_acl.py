@@ -36,9 +36,10 @@ def test_acl_line_is_what_the_docs_say(acl_server: AclServer) -> None:
     assert "+evalsha" in rules["commands"] and "+script|load" in rules["commands"]
 
 
-def test_readme_acl_line_lists_exactly_these_commands() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    (line,) = [x for x in readme.splitlines() if "ACL SETUSER batchq" in x]
+def test_documented_acl_line_lists_exactly_these_commands() -> None:
+    page = Path(__file__).resolve().parents[2] / "docs" / "guides" / "security.md"
+    (line,) = [x for x in page.read_text(encoding="utf-8").splitlines()
+               if "ACL SETUSER batchq" in x]
     documented = {w for w in line.split() if w.startswith("+")}
     assert documented == set(acl_setuser_args("batchq", "PASSWORD", "NS")[8:])
 
@@ -83,6 +84,10 @@ def test_worker_producer_and_cli_as_the_acl_user(acl_server: AclServer, tmp_path
         app.tasks["sync_rec"].enqueue("sync")
         app.tasks["bulk"].enqueue_many(range(15))
         app.tasks["flaky"].enqueue_many(["f1", "f2", "f3"])  # dead after 2 attempts
+        # grouped jobs under a limit: the group scripts' sorted-set commands
+        app.queue().limit(group="*", rate_per_s=100_000)
+        for g in ("acme", "globex"):
+            rec.options(group=g).enqueue_many([f"{g}{i}" for i in range(20)])
         admin.script_flush()  # the next calls hit NOSCRIPT and SCRIPT LOAD as the user
 
         async def aio() -> None:
@@ -91,7 +96,7 @@ def test_worker_producer_and_cli_as_the_acl_user(acl_server: AclServer, tmp_path
             await app.aclose()
 
         asyncio.run(aio())
-        wait_until(lambda: len(runs(log, "rec")) == 2500 + 2500 + 4
+        wait_until(lambda: len(runs(log, "rec")) == 2500 + 2500 + 4 + 40
                    and app.queue().stats().dead == 3
                    and app.queue().stats().pending == 0,
                    timeout_s=30, interval_s=0.1, message="jobs did not all finish")
@@ -125,6 +130,9 @@ def test_worker_producer_and_cli_as_the_acl_user(acl_server: AclServer, tmp_path
         assert "(queue)" in cli("limit", "list", "other")
         cli("limit", "rm", "other", "--group", "g")
         cli("limit", "rm", "other")
+        cli("hold", "other", "60", "--group", "g")
+        cli("release", "other", "--group", "g")
+        assert "limit_rm" in cli("audit")
         lines = tmp_path / "jobs.jsonl"
         lines.write_text('["x1"]\n{"args": ["x2"]}\n')
         res = run_cli(["enqueue", "security.sec_app:app", "rec", "--from", str(lines)],

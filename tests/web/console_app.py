@@ -37,6 +37,16 @@ def build(redis_url: str | None, namespace: str) -> batchq.App:
     def record(n: int) -> None:
         pass
 
+    app.breaker("sms", failures=3, within_s=10, open_s=600)
+
+    @app.task(queue="bulk")
+    def sms_backup(n: int) -> None:
+        pass
+
+    @app.task(queue="bulk", breaker="sms", fallback=sms_backup)
+    def sms(n: int) -> None:
+        pass
+
     @app.periodic(every_s=3600, queue="side")
     def hourly() -> None:
         pass

@@ -77,8 +77,9 @@ def test_overview_pages_200_queues(console: WebServer, capp: batchq.App) -> None
     assert row["ready"] == 1 and row["ready_by_priority"] == {"3": 1}
     last = http("GET", console.url + "api/overview?q=many&offset=200&limit=100").json()
     assert [q["name"] for q in last["queues"]] == names[200:]
-    clamped = http("GET", console.url + "api/overview?limit=100000").json()
-    assert clamped["limit"] == 200
+    too_many = http("GET", console.url + "api/overview?limit=100000")
+    assert too_many.status == 400
+    assert "limit must be at most 200, not 100000" in too_many.json()["error"]
     bad = http("GET", console.url + "api/overview?offset=-1")
     assert bad.status == 400 and "offset must be at least 0, not -1" in bad.json()["error"]
     bad = http("GET", console.url + "api/overview?limit=lots")
@@ -197,7 +198,8 @@ def test_pause_resume_and_workers(console: WebServer, capp: batchq.App) -> None:
     assert not capp.queue("side").is_paused()
     res = post_json(console, "api/queue/pause", {"queue": "bad name"})
     assert res.status == 400 and "'bad name'" in res.json()["error"]
-    w = http("GET", console.url + "api/workers?limit=500").json()
+    assert http("GET", console.url + "api/workers?limit=500").status == 400
+    w = http("GET", console.url + "api/workers?limit=200").json()
     assert w["limit"] == 200 and w["total"] == len(w["workers"])
     assert http("GET", console.url + "api/periodic").json()["tasks"][0]["name"] == "hourly"
 
@@ -255,10 +257,18 @@ def test_read_only_refuses_every_action(capp: batchq.App) -> None:
         for path, body in (("api/queue/pause", {"queue": "side"}),
                            ("api/dead/purge", {"queue": "default", "all": True,
                                                "confirmed": True}),
-                           ("api/dead/retry", {"queue": "default", "ids": ["x"]})):
+                           ("api/dead/retry", {"queue": "default", "ids": ["x"]}),
+                           ("api/campaign/cancel", {"id": "c1", "confirmed": True}),
+                           ("api/limit/set", {"queue": "side", "rate_per_s": 5}),
+                           ("api/limit/rm", {"queue": "side"}),
+                           ("api/hold", {"queue": "side", "seconds": 60}),
+                           ("api/release", {"queue": "side"}),
+                           ("api/job/cancel", {"id": "x" * 20}),
+                           ("api/job/retry", {"id": "x" * 20})):
             res = post_json(web, path, body)
             assert res.status == 403 and "read-only" in res.json()["error"], path
         assert not capp.queue("side").is_paused()
+        assert capp.queue("side").limits() == [] and capp.queue("side").holds().queue_s == 0
         assert http("GET", web.url + "api/overview").status == 200
     finally:
         web.stop()

@@ -199,7 +199,8 @@ def test_job_data_is_shown_as_text_never_as_html(
     # the only script on the page is the console's own; no <b> or <script> came from data
     scripts = browser.execute_script(
         "return [...document.scripts].map(s => s.src || s.textContent)")
-    assert scripts == [f"{console.url}static/app.js"]
+    assert scripts == [f"{console.url}static/ops.js", f"{console.url}static/breakers.js",
+                       f"{console.url}static/app.js"]
     assert not browser.find_elements(By.CSS_SELECTOR, "main b, main img")
 
 

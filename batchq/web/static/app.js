@@ -109,8 +109,9 @@
     async function tick() {
       clearTimeout(timer);
       if (!document.hidden) {
-        try { await draw(); setLive(true); banner(""); }
-        catch (e) { setLive(false); banner("Cannot update: " + e.message); }
+        // a message of an action stays until the next action; the live one goes
+        try { await draw(); setLive(true); if (document.getElementById("banner").classList.contains("stale")) banner(""); }
+        catch (e) { setLive(false); banner("Cannot update: " + e.message, "stale"); }
       }
       timer = setTimeout(tick, REFRESH_MS);
     }
@@ -191,7 +192,8 @@
       toggle.disabled = false;
       tick();
     } }, "Pause");
-    actions.append(toggle, link("/dead?" + qs({ queue: name }), "Dead letters →"));
+    actions.append(toggle, link("/dead?" + qs({ queue: name }), "Dead letters →"),
+      link("/groups?" + qs({ queue: name }), "Customers and limits →"));
     const tick = live(async () => {
       const q = await api("queue", { name });
       paused = q.paused;
@@ -359,7 +361,8 @@
   // --- start -------------------------------------------------------------------------
 
   const navFor = { overview: "overview", queue: "overview", dead: "overview", job: "overview",
-    workers: "workers", periodic: "periodic" };
+    workers: "workers", periodic: "periodic", campaigns: "campaigns", campaign: "campaigns",
+    groups: "groups", find: "find", audit: "audit" };
   document.querySelectorAll("nav a").forEach((a) => {
     if (a.dataset.nav === navFor[PAGE]) a.classList.add("active");
   });
@@ -374,6 +377,10 @@
   if (READ_ONLY) {
     document.getElementById("where").after(el("span", { class: "badge paused", id: "read-only" }, "read-only"));
   }
-  ({ overview: overviewPage, queue: queuePage, dead: deadPage, job: jobPage,
-    workers: workersPage, periodic: periodicPage })[PAGE]();
+  // the operator's pages live in ops.js (loaded first); they draw with these helpers
+  const helpers = { el, link, qs, fmtInt, numCell, rate, duration, when, card, table, banner,
+    api, post, confirmDialog, live, pager, setQuery, params, main, READ_ONLY };
+  const own = { overview: overviewPage, queue: queuePage, dead: deadPage, job: jobPage,
+    workers: workersPage, periodic: periodicPage };
+  (own[PAGE] || (window.batchqPages || {})[PAGE])(helpers);
 })();
