@@ -23,6 +23,7 @@ from .errors import (
     ResultNotKept,
     Retry,
 )
+from .events import Event
 from .jobinfo import JobInfo
 from .limits import GroupState, Limit
 from .load import CurrentJob
@@ -48,6 +49,7 @@ __all__ = [
     "DeadJob",
     "DeadRetention",
     "EnqueueError",
+    "Event",
     "GroupState",
     "Job",
     "JobCancelled",

@@ -9,13 +9,14 @@ fork, so the supervisor can import the app and fork workers safely.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, ParamSpec, TypeVar, overload
 
 import redis
 from redis.asyncio import Redis as AsyncRedis
 
 from . import campaign as campaigns_
+from . import events as events_
 from . import jobinfo, producer, results
 from .breaker import Breaker, BreakerConfig, Guard, check_binding
 from .campaign import DEFAULT_CAMPAIGN_TTL_S, Campaign, CampaignStats
@@ -23,6 +24,7 @@ from .clients import Clients
 from .codec import Job
 from .connection import RedisSettings, redact, resolve_url
 from .durations import check_seconds
+from .events import Event, Since
 from .jobinfo import JobInfo
 from .keys import QueueKeys, check_queue_name
 from .lock import Lock
@@ -284,6 +286,24 @@ class App:
     async def acancel(self, job_id: str) -> bool:
         """``cancel`` for asyncio code."""
         return await results.acancel(self, job_id)
+
+    def events(self, queues: Sequence[str] | None = None, since: Since = "0",
+               follow: bool = False) -> Iterator[Event]:
+        """The job events of ``queues`` (default: this app's), from ``since`` (an event
+        id, ``"0"`` the oldest kept, ``"$"`` new ones only, a ``datetime``, or queue ->
+        id); ``follow``: wait for new ones forever. See ``batchq.events``."""
+        return events_.read(self.redis, self._event_keys(queues), since, follow)
+
+    def aevents(self, queues: Sequence[str] | None = None, since: Since = "0",
+                follow: bool = False) -> AsyncIterator[Event]:
+        """``events`` for asyncio code (``async for``)."""
+        return events_.aread(self.async_redis(), self._event_keys(queues), since, follow)
+
+    def _event_keys(self, queues: Sequence[str] | None) -> list[QueueKeys]:
+        if isinstance(queues, str):
+            queues = [queues]
+        return [q.keys for name in (queues if queues is not None else self.queues())
+                for q in self.queue(check_queue_name(name)).shards()]
 
     def breaker(self, name: str, **config: Any) -> Guard:
         """Circuit breaker ``name``, shared by the fleet: ``app.breaker("twilio",

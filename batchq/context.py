@@ -1,8 +1,9 @@
 """The handler's own job: ``batchq.current_job()`` and its ``JobContext``.
 
 While a handler runs, the worker's runner holds the job (or a batch handler's list of
-jobs) in a context variable: one ``ContextVar.set`` and one ``reset`` per job, nothing
-else, so the context costs a job nothing unless its handler asks for it. A sync handler
+jobs) in a context variable: one ``ContextVar.set`` per job (the next job's set replaces
+it; the runner runs no user code in between), nothing else, so the context costs a job
+next to nothing unless its handler asks for it. A sync handler
 runs in the thread pool inside a copy of the runner's context
 (``contextvars.copy_context().run``), so it sees the same job; a task an async handler
 starts copies the context too. A context is never visible outside its job: the next job

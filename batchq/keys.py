@@ -78,6 +78,11 @@ Layout of one queue ``Q`` in namespace ``NS`` (``T`` = ``NS:{NS:Q}``)::
                                    "pos" the position counter of gready, "vt" the last
                                    virtual time served, "pturn" the plain lists' turn
                                    counter
+    T:evconf                 hash  job events config: "len" (MAXLEN ~), "age" (ms), present
+                                   while events are on; "n" / "ms" the last event's
+                                   number and time (batchq/events.py, _lib.lua)
+    T:events                 stream the job events, ids "<ms>-<n>", written by the
+                                   scripts that change a job's state while on
     T:limits                 hash  "~q" (the queue), "*" (every group without its own) or
                                    g -> "rate,burst,concurrency,max_pending,weight" (empty
                                    fields: none); written by ``Queue.limit``
@@ -192,6 +197,10 @@ class QueueKeys:
     gwait: str = field(init=False)
     gstate: str = field(init=False)
     limits: str = field(init=False)
+    evconf: str = field(init=False)
+    """Job events' config hash (``batchq/events.py``); not in ``all()``, like the limits."""
+    events: str = field(init=False)
+    """Job events' stream (``batchq/events.py``); not in ``all()``."""
     idle: str = field(init=False)
     """Hand-off: workers blocked on ``wake`` with nothing to do (``enqueue.lua``)."""
     """Flow control (``batchq/limits.py``): the limits live here, so ``Queue.clear``
@@ -229,7 +238,7 @@ class QueueKeys:
                      "stats", "recovered", "started", "periodic", "pending", "cancel", "cancelled",
                      "done", "seq", "waiting0", "waiting1", "waiting2", "waiting3",
                      "waiters", "campaigns", "jobmeta", "dedup", "gready", "groups",
-                     "gwait", "gstate", "limits", "idle", "replace"):
+                     "gwait", "gstate", "limits", "idle", "replace", "evconf", "events"):
             object.__setattr__(self, name, f"{p}:{name}")
         object.__setattr__(self, "dead_jobs", f"{p}:dead:jobs")
         object.__setattr__(self, "dedup_exp", f"{p}:dedup:exp")

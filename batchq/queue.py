@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from . import codec, limits, stats
+from . import events as events_
 from .clients import Clients
 from .keys import QueueKeys, split_shard
 from .limits import GroupState, Holds, Limit
@@ -414,6 +415,18 @@ class Queue:
         jobs start at once. Returns the seconds the hold had left (0.0: none)."""
         return max((limits.release(self.clients.sync_scripts, q.keys, group)
                     for q in self.shards()), default=0.0)
+
+    def events(self, enabled: bool = True, *, max_len: int = events_.DEFAULT_MAX_LEN,
+               max_age_s: float = events_.DEFAULT_MAX_AGE_S) -> None:
+        """Turn the queue's job events on (every shard; kept: about ``max_len`` events,
+        none older than ``max_age_s``, 0: no age limit) or off (``events(False)``). Stored
+        in Redis: every worker applies it on its next call. See ``batchq.events``."""
+        for q in self.shards():
+            events_.configure(self.clients.redis, q.keys, enabled, max_len, max_age_s)
+
+    def events_config(self) -> events_.EventsConfig:
+        """The queue's events setting (shard 0's)."""
+        return events_.config(self.clients.redis, self.keys)
 
     def holds(self) -> Holds:
         """What holds the queue now (``limits.Holds``: a hold of the whole queue, its

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 SCENARIOS = ("enqueue", "drain", "allin", "latency", "memory", "idle", "scale", "campaign",
-             "fanout", "groups", "ratecheck", "iocurve", "shards", "cancel-drop")
+             "fanout", "groups", "ratecheck", "iocurve", "shards", "cancel-drop",
+             "fanout-drain")
 COMMANDS = (*SCENARIOS, "peers", "plot")
 
 # (full, --quick) defaults of --jobs per scenario
@@ -24,6 +25,7 @@ JOBS = {"enqueue": (50_000, 2_000), "drain": (100_000, 2_000), "allin": (1_000_0
         "memory": (1_000_000, 2_000), "scale": (50_000, 2_000),
         "campaign": (100_000, 2_000), "fanout": (100_000, 2_000), "groups": (100_000, 2_000),
         "shards": (200_000, 5_000), "cancel-drop": (100_000, 2_000),
+        "fanout-drain": (200_000, 2_000),
         "iocurve": (0, 0)}  # 0: per level, bench/iocurve.py's default_jobs
 
 
@@ -121,6 +123,9 @@ def add_scenario_args(p: argparse.ArgumentParser, scenario: str) -> None:
         p.add_argument("--clock", choices=("sent", "arrival"), default="sent",
                        help="the provider judges its buckets by the handlers' send time "
                        "(default) or by when it read the request (see bench/README.md)")
+    if scenario == "fanout-drain":
+        p.add_argument("--groups", type=int, default=None,
+                       help="groups of the grouped cases (default 1000, --quick 20)")
     if scenario == "groups":
         p.add_argument("--groups", type=int, default=None,
                        help="groups the jobs are spread over (default 1000, --quick 20)")
@@ -181,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "Redis CPU per node, Redis µs per job",
              "cancel-drop": "cancelled jobs dropped per second by one worker vs its plain "
                             "drain of the same jobs",
+             "fanout-drain": "all-in -p 1 drain: plain, groups, \"*\" limit, campaign + "
+                             "keys, all four; enqueue side; RPUSH/LPOP floor; ratios",
              "peers": "batchq against Celery, RQ, arq, dramatiq, saq, taskiq, huey",
              "plot": "PNG of latency percentiles against offered rate"}
     for name in COMMANDS:
@@ -193,6 +200,7 @@ def _run_scenario(args: argparse.Namespace) -> int:
     from .allin import run_allin
     from .campaigns import run_campaign
     from .cancel import run_cancel_drop
+    from .fanout_drain import run_fanout_drain
     from .flow import run_fanout, run_groups, run_ratecheck
     from .iocurve import run_iocurve
     from .latency import run_latency
@@ -245,6 +253,8 @@ def _run_scenario(args: argparse.Namespace) -> int:
             ctx, rec, jobs=jobs, repeat=repeat, groups=args.groups or (20 if quick else 1000),
             queue_rate=args.queue_rate, processes=args.processes,
             concurrency=args.concurrency),
+        "fanout-drain": lambda ctx, rec: run_fanout_drain(
+            ctx, rec, jobs=jobs, repeat=repeat, groups=args.groups or (20 if quick else 1000)),
         "ratecheck": lambda ctx, rec: run_ratecheck(
             ctx, rec, repeat=repeat, duration_s=args.duration or (2.0 if quick else 10.0),
             rate=args.rate, burst=args.burst, group_rate=args.group_rate,

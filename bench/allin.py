@@ -34,7 +34,7 @@ from typing import Any
 
 from . import record
 from .apps import QUEUE
-from .harness import REPO_ROOT, Context, Row
+from .harness import REPO_ROOT, Context, Row, add_ratios
 from .throughput import fill
 
 CASES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -62,16 +62,11 @@ def worker_env(ctx: Context, tree: Path) -> dict[str, str]:
     return env
 
 
-def run_once(ctx: Context, tree: Path, task: str, jobs: int, extra: tuple[str, ...],
-             timeout_s: float) -> dict[str, Any]:
-    """Enqueue ``jobs`` jobs of ``task`` (none for ``task == ""``), then time one burst
-    worker started from ``tree`` until it exits."""
-    ctx.reset()
-    n = jobs if task else 0
-    if n:
-        fill(ctx, task, n)
+def timed_burst(ctx: Context, tree: Path, extra: tuple[str, ...],
+                timeout_s: float) -> tuple[float, float, str]:
+    """Start one burst worker from ``tree`` and wait for its exit: (seconds from spawn to
+    exit, its CPU seconds, the tail of its log); an exit other than 0 fails."""
     env = worker_env(ctx, tree)
-    ctx.client.config_resetstat()
     fd, name = tempfile.mkstemp(prefix="bench-allin-", suffix=".log")
     os.close(fd)
     log_path = Path(name)
@@ -92,11 +87,23 @@ def run_once(ctx: Context, tree: Path, task: str, jobs: int, extra: tuple[str, .
         raise RuntimeError(f"burst worker did not exit within {timeout_s:.0f}s\n{tail}")
     if code != 0:
         raise RuntimeError(f"burst worker exited {code}\n{tail}")
+    return wall, usage.ru_utime + usage.ru_stime, tail
+
+
+def run_once(ctx: Context, tree: Path, task: str, jobs: int, extra: tuple[str, ...],
+             timeout_s: float) -> dict[str, Any]:
+    """Enqueue ``jobs`` jobs of ``task`` (none for ``task == ""``), then time one burst
+    worker started from ``tree`` until it exits."""
+    ctx.reset()
+    n = jobs if task else 0
+    if n:
+        fill(ctx, task, n)
+    ctx.client.config_resetstat()
+    wall, cpu, tail = timed_burst(ctx, tree, extra, timeout_s)
     got, first, last, _ = record.read_totals(ctx.client, ctx.key)
     st = ctx.app.queue(QUEUE).stats()
     if got != n or st.pending or st.dead:
         raise RuntimeError(f"handlers reported {got} of {n} jobs; queue {st}\n{tail}")
-    cpu = usage.ru_utime + usage.ru_stime
     stats = ctx.client.info("commandstats")
     script_us = sum(int(v["usec"]) for name, v in stats.items()
                     if name.removeprefix("cmdstat_") in ("evalsha", "eval"))
@@ -146,5 +153,11 @@ def run_allin(ctx: Context, rec: dict[str, Any], *, jobs: int, repeat: int,
             on = rows[label, CASES[1][0]].values["all-in jobs/s"][-1]
             off = rows[label, CASES[2][0]].values["all-in jobs/s"][-1]
             ratios[label].add("ratio", on / off)
+    for label, _ in trees:
+        add_ratios([rows[label, name] for name, _, _ in CASES[1:]], "all-in jobs/s",
+                   "÷ default flags")
+    if before is not None:
+        for name, _, _ in CASES[1:]:
+            add_ratios([rows["before: ", name], rows["", name]], "all-in jobs/s", "÷ before")
     record.reset(ctx.client, ctx.key)
     return [*rows.values(), *ratios.values()]

@@ -19,6 +19,8 @@ import statistics
 import time
 from typing import Any
 
+from batchq.codec import lease_of
+
 from . import record
 from .apps import QUEUE
 from .harness import Context, Fleet, Row, batchq_worker_argv, percentile, run_burst, timed
@@ -26,6 +28,9 @@ from .resources import used_memory
 from .throughput import _items
 
 LATENCY_KEY = "{}:campaign-latency"
+
+POP_HEAD = 11
+"""pop.lua's reply: 10 counters and lists, the bundle item ({} unless asked), then jobs."""
 
 
 def _drain(ctx: Context, n: int, campaign: bool, processes: int | None,
@@ -80,10 +85,10 @@ def _keyed(ctx: Context, n: int) -> tuple[float, float, float, float]:
 
     while True:
         res = s.call(calls.pop(k, 1000, 60_000, 100))
-        jobs = res[10:]
+        jobs = res[POP_HEAD:]
         if not jobs:
             break
-        leases = [j.split(b":", 4)[3] + b":" + j.split(b":", 4)[1] for j in jobs]
+        leases = [lease_of(j)[1] for j in jobs]
         s.call(calls.ack(k, leases))
     finished = used_memory(ctx) - base
     return n / el[0], n / again[0], (keyed - plain) / n, finished / n

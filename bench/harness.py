@@ -71,6 +71,18 @@ class Row:
                             for m, v in self.values.items()}}
 
 
+def add_ratios(rows: Sequence[Row], metric: str, label: str, base: int = 0) -> None:
+    """Give each row that has ``metric`` a figure ``label``: its median ``metric`` over
+    the base row's (``rows[base]``), so the table states the comparison as a ratio."""
+    ref = rows[base].values.get(metric)
+    if not ref:
+        return
+    denom = statistics.median(ref)
+    for r in rows:
+        if r.values.get(metric) and denom:
+            r.add(label, statistics.median(r.values[metric]) / denom)
+
+
 # --- facts about the run ---------------------------------------------------------------
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from . import record
 from .apps import QUEUE
-from .harness import Context, Fleet, Row, batchq_worker_argv, run_burst, timed
+from .harness import Context, Fleet, Row, add_ratios, batchq_worker_argv, run_burst, timed
 
 
 def _items(n: int, payload: bytes | None) -> Iterator[tuple[Any, ...]]:
@@ -129,6 +129,7 @@ def run_enqueue(ctx: Context, rec: dict[str, Any], *, jobs: int, repeat: int,
         rec["runs"].append({"repeat": i, "seconds": dict(zip(("single", "many", "async"),
                                                              times, strict=True))})
         ctx.reset()
+    add_ratios(rows, "jobs/s", "÷ one enqueue() per job")
     return rows
 
 
@@ -161,6 +162,7 @@ def run_drain(ctx: Context, rec: dict[str, Any], *, jobs: int, repeat: int,
             _drain_row(ctx, rec, row, task=task, jobs=jobs, repeat=repeat, processes=procs,
                        concurrency=concurrency)
             rows.append(row)
+    add_ratios(rows, "jobs/s", "÷ async no-op, 1 process")
     return rows
 
 
@@ -180,4 +182,5 @@ def run_scale(ctx: Context, rec: dict[str, Any], *, jobs: int, repeat: int,
         _drain_row(ctx, rec, row, task="noop", jobs=jobs, repeat=repeat, processes=top,
                    concurrency=concurrency, payload_bytes=size)
         rows.append(row)
+    add_ratios(rows, "jobs/s", "÷ -p 1")
     return rows

@@ -40,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     from .. import __version__
     from . import audit, bench, campaign, control, dead, enqueue, hold, info, limit, web, worker
     from .breaker import add_commands as add_breaker_commands
+    from .events import add_commands as add_events_commands
     from .job import add_commands as add_job_commands
 
     p = Parser(prog="batchq", description="batchq: a Redis job queue")
@@ -56,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     add_job_commands(sub)
     add_breaker_commands(sub)
     audit.add_commands(sub)
+    add_events_commands(sub)
     bench.add_commands(sub)
     web.add_commands(sub)
     return p

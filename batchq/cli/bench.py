@@ -69,7 +69,7 @@ STACKS_WAIT_S = 0.5
 
 HARNESS_COMMANDS = ("enqueue", "drain", "allin", "latency", "memory", "idle", "scale",
                     "campaign", "fanout", "groups", "ratecheck", "iocurve", "shards", "peers",
-                    "plot", "cancel-drop")
+                    "plot", "cancel-drop", "fanout-drain")
 
 
 MAX_LOAD_RATE = 1_000_000.0

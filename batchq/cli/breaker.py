@@ -16,6 +16,7 @@ from ..breaker import Breaker, states
 from ..durations import check_seconds
 from .audit import audited
 from .common import Target, add_common, dumps, duration, guarded, load, out, table, target, usage
+from .flags import seconds
 
 USAGE = ("batchq breaker {ls,open,close} MODULE:APP [NAME] [--open-s S] [--json] "
          "[--redis-url URL] [--namespace NS]")
@@ -124,11 +125,12 @@ def add_commands(sub: Any) -> None:
         "failures in its window, its trips and the jobs re-routed to fallbacks. open: "
         "open it now (for --open-s, default its open_s): the jobs of its tasks are held "
         "or re-routed; close: close it now. Open and close are audited.")
-    p.add_argument("action", choices=("ls", "open", "close"))
+    p.add_argument("action", choices=("ls", "open", "close"),
+                   help="ls: every breaker's state; open / close: force one open or closed")
     p.add_argument("where", nargs="*", metavar="MODULE:APP [NAME]",
                    help="the app and a breaker's name")
     add_common(p, app=False)
-    p.add_argument("--open-s", type=float, default=None, metavar="S",
+    p.add_argument("--open-s", type=seconds(zero_ok=False, high=86400), default=None, metavar="S",
                    help="open: for this many seconds (default: the breaker's open_s)")
     p.add_argument("--json", action="store_true", help="print JSON")
     _one_line_errors(p)

@@ -49,6 +49,7 @@ class EmbeddedSentinels:
                  down_after_ms: int = 1000, failover_timeout_ms: int = 3000,
                  host: str = "127.0.0.1", appendonly: bool = False,
                  replica_via: Callable[[int], int] | None = None,
+                 monitor_via: Callable[[int], int] | None = None,
                  sentinel_password: str | None = None) -> None:
         if not 1 <= sentinels <= 9 or not 0 <= replicas <= 9:
             raise ValueError("sentinels must be 1..9 and replicas 0..9")
@@ -60,6 +61,10 @@ class EmbeddedSentinels:
         self.host = host
         self.appendonly = appendonly
         self.replica_via = replica_via
+        self.monitor_via = monitor_via
+        """Maps the first primary's port to the port the Sentinels monitor it at, the
+        address they hand to clients (a test's TCP proxy, to cut the primary off from
+        them); None: directly."""
         self.sentinel_password = sentinel_password
         """The Sentinels' ``requirepass`` (None: none)."""
         """Maps the first primary's port to the port its replicas connect to (a test's
@@ -104,8 +109,9 @@ class EmbeddedSentinels:
             upstream = self.replica_via(first.port) if self.replica_via else first.port
             for _ in range(self.n_replicas):
                 self.servers.append(self._replica_of(upstream))
+            monitored = self.monitor_via(first.port) if self.monitor_via else first.port
             for i in range(self.n_sentinels):
-                self._start_sentinel(i, first.port)
+                self._start_sentinel(i, monitored)
             self._wait_ready(deadline)
         except BaseException:
             self.stop()

@@ -9,6 +9,8 @@
 -- KEYS[10] gwait zset, KEYS[11] gstate hash, KEYS[12] wake list: grouped jobs give back
 --          their group's running slot and quota count (_lib.lua gsettle)
 -- KEYS[13] bundles zset (_lib.lua "Bundles")
+-- KEYS[14] evconf hash, KEYS[15] events stream: when events are on, one "succeeded"
+--          per job settled here (_lib.lua "Job events")
 -- ARGV     leases "<id>:<attempt>", or "<bundle><position>" (_lib.lua "Bundles"), or
 --          jobs of one bundle in one argument, "<bundle>#<position><position>..."
 --          (calls.ack makes these: one argument for each run of a bundle's leases, an
@@ -30,6 +32,21 @@ local gwait = KEYS[10]
 local gstate = KEYS[11]
 local wake = KEYS[12]
 local bundles = KEYS[13]
+local evconf = KEYS[14]
+local events = KEYS[15]
+local ev = ev_open(evconf)
+-- bundles' jobs settled, for their events: bundle state -> the positions (two bytes
+-- each, as in the leases: no work per job when a whole argument settles), in order
+local evb, evo = {}, {}
+local function ev_settled(bd, pos)
+  local l = evb[bd]
+  if not l then
+    l = {}
+    evb[bd] = l
+    evo[#evo + 1] = bd
+  end
+  l[#l + 1] = pos
+end
 
 local singles, at, stale, cache = {}, {}, {}, {}
 local settled = 0
@@ -45,6 +62,7 @@ for _, m in ipairs(ARGV) do
     local mask = bd and bd[2]
     local ps = {byte(m, h + 1, -1)}
     local n = 0
+    local sj  -- the stale positions' indexes in ps (events on)
     for j = 1, #ps - 1, 2 do
       i = i + 1
       local p = ps[j] * 256 + ps[j + 1]
@@ -53,6 +71,16 @@ for _, m in ipairs(ARGV) do
         n = n + 1
       else
         stale[#stale + 1] = i
+        if ev then sj = sj or {}; sj[j] = true end
+      end
+    end
+    if ev and bd and n > 0 then
+      if not sj then
+        ev_settled(bd, sub(m, h + 1))  -- every job of the argument
+      else  -- (rare) the ones settled, one by one
+        for x = 1, #ps - 1, 2 do
+          if not sj[x] then ev_settled(bd, sub(m, h + x, h + x + 1)) end
+        end
       end
     end
     if bd then bd[3] = bd[3] + n end
@@ -64,6 +92,7 @@ for _, m in ipairs(ARGV) do
     if bd == nil then bd = bundle_state(inflight, cache, b) end
     if bundle_settle(bd, p) then
       settled = settled + 1
+      if ev then ev_settled(bd, sub(m, -2)) end
     else
       stale[#stale + 1] = i
     end
@@ -90,6 +119,20 @@ for i, m in ipairs(singles) do
   end
 end
 if #cache > 0 then table.sort(stale) end
+local now = ev and now_ms()
+if ev then
+  for _, bd in ipairs(evo) do  -- (the packed entries: no work per job)
+    local pos = table.concat(evb[bd])
+    ev_entry(events, ev, now, 'succeeded', nil, 1, nil, jobmeta, nil,
+             type(bd[1]) == 'string' and bd[1] or cmsgpack.pack(bd[1]), pos, #pos / 2)
+  end
+  if #live > 0 then
+    local es = redis.call('HMGET', inflight, unpack(ids))
+    for x, e in ipairs(es) do
+      ev_entry(events, ev, now, 'succeeded', e or nil, 0, nil, jobmeta, ids[x])
+    end
+  end
+end
 if #live > 0 then
   redis.call('ZREM', reserved, unpack(live))
   redis.call('HDEL', inflight, unpack(ids))
@@ -99,11 +142,12 @@ if #live > 0 then
   gsettle(gstate, gwait, wake, ids, true)
   if #marked > 0 then
     local due = {}
-    settle_tracked(campaigns, jobmeta, dedup, dedup_exp, marked, 's', now_ms(), due)
+    settle_tracked(campaigns, jobmeta, dedup, dedup_exp, marked, 's', now or now_ms(), due)
     if #due > 0 then
       stale[#stale + 1] = 0
       for _, cid in ipairs(due) do stale[#stale + 1] = cid end
     end
   end
 end
+ev_close(evconf, events, ev, now)
 return stale

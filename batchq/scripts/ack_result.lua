@@ -14,6 +14,8 @@
 -- KEYS[12] gwait zset, KEYS[13] gstate hash, KEYS[14] wake list: grouped jobs give back
 --          their group's running slot and quota count (_lib.lua gsettle)
 -- KEYS[15] bundles zset (_lib.lua "Bundles")
+-- KEYS[16] evconf hash, KEYS[17] events stream: when events are on, one "succeeded"
+--          per job settled here (_lib.lua "Job events")
 -- The keys after those: the result key of each job, in the order of the triples below
 -- (KEYS[RESULTS + j] belongs to the j-th triple).
 -- ARGV     triples: lease "<id>:<attempt>" or "<bundle><position>" (_lib.lua
@@ -40,7 +42,9 @@ local gwait = KEYS[12]
 local gstate = KEYS[13]
 local wake = KEYS[14]
 local bundles = KEYS[15]
-local RESULTS = 15  -- KEYS[RESULTS + j] is the result key of the j-th triple
+local evconf = KEYS[16]
+local events = KEYS[17]
+local RESULTS = 17  -- KEYS[RESULTS + j] is the result key of the j-th triple
 
 for i = 2, #ARGV - 1, 3 do
   local ttl = tonumber(ARGV[i])
@@ -51,6 +55,8 @@ for i = 2, #ARGV - 1, 3 do
 end
 
 local leases, at = {}, {}  -- per-job leases and their triple numbers
+local ev = ev_open(evconf)
+local now = ev and now_ms()
 local stale, ids, live, cache = {}, {}, {}, {}
 local settled = 0
 local j = 0
@@ -59,8 +65,9 @@ for i = 1, #ARGV - 2, 3 do
   local m = ARGV[i]
   if string.byte(m, 1) == 58 then  -- ":": a bundle's job (_lib.lua "Bundles")
     local b, p = bundle_pos(m)
-    local id = bundle_job(bundle_state(inflight, cache, b), p)
+    local id, e = bundle_job(bundle_state(inflight, cache, b), p)
     if id then
+      ev_entry(events, ev, now, 'succeeded', e, 0, nil, jobmeta, id)
       redis.call('SET', KEYS[RESULTS + j], ARGV[i + 2], 'PX', ARGV[i + 1])
       ids[#ids + 1] = id
       settled = settled + 1
@@ -90,6 +97,13 @@ end
 if #cache > 0 then table.sort(stale) end
 if settled > 0 then redis.call('HINCRBY', stats, 'succeeded', settled) end
 if #live > 0 then
+  if ev then
+    local lids = {unpack(ids, #ids - #live + 1)}
+    local es = redis.call('HMGET', inflight, unpack(lids))
+    for x, e in ipairs(es) do
+      ev_entry(events, ev, now, 'succeeded', e or nil, 0, nil, jobmeta, lids[x])
+    end
+  end
   redis.call('ZREM', reserved, unpack(live))
   redis.call('HDEL', inflight, unpack(ids, #ids - #live + 1))
   redis.call('HINCRBY', stats, 'succeeded', #live)
@@ -109,11 +123,12 @@ if #ids > 0 then
   end
   if #marked > 0 then
     local due = {}
-    settle_tracked(campaigns, jobmeta, dedup, dedup_exp, marked, 's', now_ms(), due)
+    settle_tracked(campaigns, jobmeta, dedup, dedup_exp, marked, 's', now or now_ms(), due)
     if #due > 0 then
       stale[#stale + 1] = 0
       for _, cid in ipairs(due) do stale[#stale + 1] = cid end
     end
   end
 end
+ev_close(evconf, events, ev, now)
 return stale

@@ -25,28 +25,29 @@ _WAIT = ("seq", "waiting0", "waiting1", "waiting2", "waiting3")  # the ready-job
 _READY_ALL = tuple(f"ready{p}" for p in range(MAX_PRIORITY, -1, -1))
 _TRACKED = ("campaigns", "jobmeta", "dedup", "dedup_exp")
 _GROUPS = ("gready", "groups", "gwait", "gstate")  # flow control (batchq/limits.py)
+_EVENTS = ("evconf", "events")  # job events (batchq/events.py), always last
 
 KEY_ORDER: dict[str, tuple[str, ...]] = {
     "enqueue": ("ready", "wake", "inflight", "stats", "pending", *_WAIT, "reserved",
-                "paused", "idle", "limits", "gwait"),
+                "paused", "idle", "limits", "gwait", *_EVENTS),
     "schedule": ("delayed", "wake", "inflight", "ready", "stats", "pending"),
     "pop": ("delayed", "reserved", "inflight", "dead", "dead_jobs", "wake", "paused",
             *_READY_ALL, "stats", "recovered", "started", *_TRACKED, "pending", "cancel",
-            "done", *_WAIT, *_GROUPS, "limits", "idle", "bundles"),
+            "done", *_WAIT, *_GROUPS, "limits", "idle", "bundles", *_EVENTS),
     "ack": ("reserved", "inflight", "stats", "recovered", "started", *_TRACKED, "gwait",
-            "gstate", "wake", "bundles"),
+            "gstate", "wake", "bundles", *_EVENTS),
     "ack_result": ("reserved", "inflight", "stats", "recovered", "started", "done",
-                   "waiters", *_TRACKED, "gwait", "gstate", "wake", "bundles"),
+                   "waiters", *_TRACKED, "gwait", "gstate", "wake", "bundles", *_EVENTS),
     "nack": ("reserved", "inflight", "delayed", "dead", "dead_jobs", "wake", "stats",
              "recovered", "started", *_TRACKED, "pending", "done", "gwait", "gstate",
-             "bundles"),
+             "bundles", *_EVENTS),
     "release": ("reserved", "inflight", "wake", *_READY_ALL, "started", "pending",
-                *_GROUPS, "stats", "bundles"),
+                *_GROUPS, "stats", "bundles", *_EVENTS),
     "enqueue_group": (*_GROUPS, "limits", "delayed", "wake", "inflight", "stats",
                       "pending", *_WAIT),
     "enqueue_tracked": ("ready", "delayed", "wake", "inflight", "stats", *_TRACKED,
                         "pending", *_WAIT, *_GROUPS, "limits", "replace"),
-    "campaign_queue": ("campaigns", "reserved", "jobmeta"),
+    "campaign_queue": ("campaigns", "reserved", "jobmeta", *_EVENTS),
     "campaign_open": ("record",),
     "campaign_join": ("record", "queues"),
     "campaign_close": ("record", "queues"),
@@ -57,7 +58,7 @@ KEY_ORDER: dict[str, tuple[str, ...]] = {
     "trim_dead": ("dead", "dead_jobs"),
     "periodic_tick": ("periodic", "ready", "wake", "stats", "pending"),
     "cancel": ("pending", "cancel", "cancelled", "delayed", "stats", "done", *_WAIT,
-               *_TRACKED, "gstate"),
+               *_TRACKED, "gstate", *_EVENTS),
     "status": ("pending", "inflight", "dead_jobs", "cancelled", "cancel", *_WAIT),
     "reserve": _WAIT,
     "lock_acquire": ("token", "fence"),
@@ -65,7 +66,7 @@ KEY_ORDER: dict[str, tuple[str, ...]] = {
     "lock_extend": ("token",),
     "load_open": ("meta",),
     "load_merge": ("sum", "timeline", "meta"),
-    "hold": ("groups", "gwait", "gstate", "wake"),
+    "hold": ("groups", "gwait", "gstate", "wake", *_EVENTS),
     "gready_stats": ("gready",),
     "breaker_enter": ("state", "probes"),
     "breaker_failure": ("state", "failures", "probes"),
@@ -73,7 +74,7 @@ KEY_ORDER: dict[str, tuple[str, ...]] = {
     "breaker_set": ("state", "failures", "probes"),
     "breaker_state": ("state", "failures", "probes"),
     "reroute": ("reserved", "inflight", "delayed", "pending", "wake", "started", "stats",
-                "bundles", *_READY_ALL, *_GROUPS),
+                "bundles", *_READY_ALL, *_GROUPS, "jobmeta", *_EVENTS),
 }
 """Script name -> the name of each KEYS slot, in order."""
 
@@ -274,12 +275,15 @@ def status(k: QueueKeys, job_id: str, *, payload: bool) -> Call:
                 [job_id, "1" if payload else "0"])
 
 
-def nack(k: QueueKeys, retries: Sequence[tuple[bytes | str, int]] = (),
+def nack(k: QueueKeys,
+         retries: Sequence[tuple[bytes | str, int] | tuple[bytes | str, int, str]] = (),
          dead: Sequence[tuple[bytes | str, bytes]] = ()) -> Call:
-    """``retries``: (lease, delay ms); ``dead``: (lease, dead record)."""
+    """``retries``: (lease, delay ms) or (lease, delay ms, error); ``dead``: (lease,
+    dead record)."""
     args: list[Any] = [len(retries)]
-    for lease, delay_ms in retries:
-        args += [lease, delay_ms]
+    for lease, delay_ms, *error in retries:
+        # the error rides after the delay, for the "retried" event (nack.lua)
+        args += [lease, f"{delay_ms}\n{error[0][:500]}" if error else delay_ms]
     for lease, record in dead:
         args += [lease, record]
     return Call("nack", _keys("nack", k), args)

@@ -6,6 +6,8 @@
 --          pop.lua looks up flags only while that is above 0)
 -- KEYS[2]  the queue's reserved zset, KEYS[3] its jobmeta hash: "cancel" counts the
 --          campaign's jobs holding a lease (they run; the rest never will)
+-- KEYS[4]  evconf hash, KEYS[5] events stream: when events are on, "done" writes
+--          "campaign_done" once (error: the final counts here) (_lib.lua "Job events")
 -- ARGV[1]  campaign id
 -- ARGV[2]  "read"; "open" (a producer joins: opens the flag for generation ARGV[3]
 --          unless it is closed for that generation already); "seal" (open -> sealed);
@@ -19,6 +21,8 @@
 local campaigns = KEYS[1]
 local reserved = KEYS[2]
 local jobmeta = KEYS[3]
+local evconf = KEYS[4]
+local events = KEYS[5]
 
 local cid, mode = ARGV[1], ARGV[2]
 local fk, gk = cid .. ':f', cid .. ':g'
@@ -56,6 +60,14 @@ elseif mode == 'cancel' then
   end
 elseif mode == 'done' then
   if f == 'cancelled' then redis.call('HINCRBY', campaigns, '~cancelled', -1) end
+  local ev = f ~= 'done' and ev_open(evconf)
+  if ev then
+    local c = redis.call('HMGET', campaigns, cid .. ':s', cid .. ':d', cid .. ':c')
+    local now = now_ms()
+    ev_put(events, ev, now, 'campaign_done', cid, 'succeeded=' ..
+           (c[1] or 0) .. ' dead=' .. (c[2] or 0) .. ' cancelled=' .. (c[3] or 0))
+    ev_close(evconf, events, ev, now)
+  end
   redis.call('HSET', campaigns, fk, 'done')
   for _, n in ipairs(names) do redis.call('HDEL', campaigns, cid .. ':' .. n) end
 end

@@ -22,6 +22,9 @@
 -- KEYS[16] gstate hash: a grouped job cancelled here leaves its group's quota count
 --          "<g>:n" at once, ready or delayed (a ready one's tombstone says so: "q", and
 --          pop.lua, dropping it, does not count it out again)
+-- KEYS[17] evconf hash, KEYS[18] events stream: when events are on, "cancelled" (the
+--          task only when the job was delayed: a ready one's entry is not read)
+--          (_lib.lua "Job events")
 -- ARGV[1]  job id
 -- ARGV[2]  how long cancelled records are kept (ms); older ones are trimmed here
 -- ARGV[3]  at most this many old records are trimmed per call
@@ -40,6 +43,8 @@ local jobmeta = KEYS[13]
 local dedup = KEYS[14]
 local dedup_exp = KEYS[15]
 local gstate = KEYS[16]
+local evconf = KEYS[17]
+local events = KEYS[18]
 
 local id = ARGV[1]
 local v = redis.call('HGET', pending, id)
@@ -52,6 +57,9 @@ if not v and not bit then
   return 0
 end
 local now = now_ms()
+local ev = ev_open(evconf)
+-- (written before settle_tracked, which deletes the campaign membership)
+ev_entry(events, ev, now, 'cancelled', v ~= 'r' and v or nil, 0, nil, jobmeta, id)
 -- the records first (write before delete)
 redis.call('ZADD', cancelled, now, id)
 local g = string.find(id, '~', 1, true) and group_of(id)
@@ -76,6 +84,7 @@ else
     settle_tracked(campaigns, jobmeta, dedup, dedup_exp, {id}, 'c', now, {})
   end
 end
+ev_close(evconf, events, ev, now)
 if v then redis.call('HDEL', pending, id) end
 local old = redis.call('ZRANGEBYSCORE', cancelled, '-inf', now - tonumber(ARGV[2]), 'LIMIT', 0,
                        tonumber(ARGV[3]))

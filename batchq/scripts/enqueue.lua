@@ -11,6 +11,9 @@
 --          sequence numbers are set (job_status, cancel.lua), a few commands per run
 -- KEYS[11] reserved zset, KEYS[12] paused flag, KEYS[13] idle zset, KEYS[14] limits
 --          hash, KEYS[15] gwait zset: the hand-off (below)
+-- KEYS[16] evconf hash, KEYS[17] events stream: when events are on, a job handed off
+--          writes "started" (as pop.lua does for the jobs it leases; read only when
+--          handing off) (_lib.lua "Job events")
 -- ARGV[1]  "1" when this call retries one whose reply was lost: if its first job is
 --          already queued or running, the earlier call landed (a script is all or
 --          nothing) and nothing is written again
@@ -47,6 +50,8 @@ local paused = KEYS[12]
 local idle = KEYS[13]
 local limits = KEYS[14]
 local gwait = KEYS[15]
+local evconf = KEYS[16]
+local events = KEYS[17]
 
 if ARGV[1] == '1' then
   local _, _, _, id = parse(ARGV[3])
@@ -63,7 +68,10 @@ local first = 3
 local handed = {}  -- sequence numbers of the jobs handed off (they never wait)
 if ARGV[1] ~= '1' and redis.call('ZCARD', idle) > 0 then
   local now = now_ms()
-  if redis.call('EXISTS', paused) == 0
+  -- the events config is named twice: EXISTS counts each mention (odd: paused; >= 2:
+  -- events on), so a hand-off with events off costs no command more
+  local flags = redis.call('EXISTS', paused, evconf, evconf)
+  if flags % 2 == 0
       and redis.call('HEXISTS', limits, QUEUE) == 0
       and tonumber(redis.call('ZSCORE', gwait, QUEUE) or '0') <= now then
     -- one registration per job; a lapsed one popped here is dropped, not used
@@ -87,6 +95,14 @@ if ARGV[1] ~= '1' and redis.call('ZCARD', idle) > 0 then
       redis.call('ZADD', reserved, unpack(zargs))
       for i = 2, #hargs, 2 do redis.call('RPUSH', wake, hargs[i]) end
       redis.call('HINCRBY', stats, 'handed', #hargs / 2)
+      local ev = flags >= 2 and ev_open(evconf)
+      if ev then
+        for i = 2, #hargs, 2 do
+          -- (jobmeta is never read: jobs enqueued here are not tracked)
+          ev_entry(events, ev, now, 'started', hargs[i], 0, nil, inflight)
+        end
+        ev_close(evconf, events, ev, now)
+      end
     end
   end
 end

@@ -9,6 +9,8 @@
 --
 -- KEYS[1]  groups zset (the rotation)     KEYS[3]  gstate hash ("<member>:why")
 -- KEYS[2]  gwait zset (holds and waits)   KEYS[4]  wake list
+-- KEYS[5]  evconf hash, KEYS[6] events stream: when events are on, a hold set writes
+--          "held", a hold lifted "hold_lifted" (_lib.lua "Job events")
 -- ARGV[1]  member: "~q" (the whole queue) or a group's hex name
 -- ARGV[2]  hold in ms; 0: release
 -- ARGV[3]  why: the hold's reason, stored with its end time
@@ -19,6 +21,8 @@ local groups = KEYS[1]
 local gwait = KEYS[2]
 local gstate = KEYS[3]
 local wake = KEYS[4]
+local evconf = KEYS[5]
+local events = KEYS[6]
 
 local m = ARGV[1]
 local hold = tonumber(ARGV[2]) or 0
@@ -32,6 +36,9 @@ if hold > 0 then
   redis.call('ZADD', gwait, until_ms, m)
   redis.call('HSET', gstate, m .. ':why', ARGV[3] .. '@' .. until_ms)
   if m ~= QUEUE then redis.call('ZREM', groups, m) end
+  local ev = ev_open(evconf)
+  ev_put(events, ev, now, 'held', nil, ARGV[3], m, until_ms)
+  ev_close(evconf, events, ev, now)
   return {hold, 1}
 end
 
@@ -40,4 +47,7 @@ if not held then return {0, 0} end
 redis.call('ZREM', gwait, m)
 if m ~= QUEUE then gwake(groups, gwait, gstate, m) end
 leave_wake_token(wake)
+local ev = ev_open(evconf)
+ev_put(events, ev, now, 'hold_lifted', nil, '', m, now)
+ev_close(evconf, events, ev, now)
 return {cur - now, 1}

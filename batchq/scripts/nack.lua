@@ -15,9 +15,13 @@
 -- KEYS[16] gwait zset, KEYS[17] gstate hash: grouped jobs give back their group's
 --          running slot; a dead one also leaves the quota count (_lib.lua gsettle)
 -- KEYS[18] bundles zset (_lib.lua "Bundles")
+-- KEYS[19] evconf hash, KEYS[20] events stream: when events are on, "retried" (with the
+--          error) or "dead" (with the reason and error of the dead record) per job
+--          (_lib.lua "Job events")
 -- ARGV[1]  R, the number of retries that follow
 -- ARGV[2..2R+1]        pairs: lease "<id>:<attempt>" or "<bundle><position>" (_lib.lua
---                      "Bundles"), retry delay in ms
+--                      "Bundles"), retry delay in ms, optionally followed by a newline
+--                      and the error (for the event)
 -- ARGV[2R+2..]         pairs: lease, dead record (msgpack, built by the worker)
 -- Returns  the positions (1-based, counting pairs) of stale leases, for which nothing
 --          was written; when campaigns became due, a 0 follows, then their ids.
@@ -39,8 +43,26 @@ local done = KEYS[15]
 local gwait = KEYS[16]
 local gstate = KEYS[17]
 local bundles = KEYS[18]
+local evconf = KEYS[19]
+local events = KEYS[20]
+
+-- The str value of key `key` in a dead record (a msgpack map, codec.encode_dead_record;
+-- cmsgpack cannot read its bin field), '' when absent: for the "dead" event.
+local function record_str(v, key)
+  local _, at = string.find(v, string.char(160 + #key) .. key, 1, true)
+  local b = at and string.byte(v, at + 1)
+  if not b then return '' end
+  if b >= 160 and b <= 191 then return string.sub(v, at + 2, at + 1 + b - 160) end
+  if b == 217 then return string.sub(v, at + 3, at + 2 + string.byte(v, at + 2)) end
+  if b == 218 then
+    local h, l = string.byte(v, at + 2, at + 3)
+    return string.sub(v, at + 4, at + 3 + h * 256 + l)
+  end
+  return ''
+end
 
 local now = now_ms()
+local ev = ev_open(evconf)
 local r = tonumber(ARGV[1])
 local stale, finished = {}, {}
 local back, gone = {}, {}  -- ids retried, ids dead
@@ -66,7 +88,11 @@ while i < #ARGV do
   end
   if e then
     if i <= 2 * r then
-      redis.call('ZADD', delayed, now + tonumber(v), e)
+      local d, err = string.match(v, '^(%-?%d+)\n?(.*)$')
+      redis.call('ZADD', delayed, now + tonumber(d or v), e)
+      if ev then
+        ev_entry(events, ev, now, 'retried', e, 0, err, jobmeta, id)
+      end
       redis.call('HSET', pending, id, e)
       retried = retried + 1
       back[#back + 1] = id
@@ -77,6 +103,14 @@ while i < #ARGV do
       buried = buried + 1
       gone[#gone + 1] = id
       if tracked(id) then died[#died + 1] = id end
+      if ev then
+        local why = record_str(v, 'reason')
+        local msg = record_str(v, 'error_message')
+        local ty = record_str(v, 'error_type')
+        if ty ~= '' then msg = ty .. ': ' .. msg end
+        if msg ~= '' then why = why .. ': ' .. string.sub(msg, 1, 500) end
+        ev_entry(events, ev, now, 'dead', e, 0, why, jobmeta, id)
+      end
     end
     if single then redis.call('HDEL', inflight, id) end
     finished[#finished + 1] = id
@@ -103,4 +137,5 @@ if #died > 0 then
     for _, cid in ipairs(due) do stale[#stale + 1] = cid end
   end
 end
+ev_close(evconf, events, ev, now)
 return stale

@@ -38,6 +38,10 @@
 --          looked at again until its next token (or a freed slot) is due
 -- KEYS[38] idle zset: the hand-off registrations (enqueue.lua)
 -- KEYS[39] bundles zset: leases of bundles (_lib.lua "Bundles"), reaped like reserved
+-- KEYS[40] evconf hash, KEYS[41] events stream: when events are on, "started" per job
+--          returned (a bundle's too), "dead" per job dead-lettered here (reaped or
+--          malformed), "cancelled" per job of a cancelled campaign dropped (a job
+--          cancelled by cancel.lua has its event there) (_lib.lua "Job events")
 -- ARGV[1]  how many jobs to pop (0 = maintenance only)
 -- ARGV[2]  lease in ms
 -- ARGV[3]  chunk: at most this many delayed and expired jobs are moved per call
@@ -104,6 +108,8 @@ local gstate = KEYS[36]
 local limits = KEYS[37]
 local idle = KEYS[38]
 local bundles = KEYS[39]
+local evconf = KEYS[40]
+local events = KEYS[41]
 
 local QUANTUM = 10  -- jobs a group (of weight 1) may start in one turn
 -- LMPOP (Redis 7.0+: one command for the first non-empty ready list)
@@ -116,6 +122,9 @@ local want = tonumber(ARGV[1])
 local lease = tonumber(ARGV[2])
 local chunk = tonumber(ARGV[3])
 local drop_max = tonumber(ARGV[7]) or 0
+-- job events: nil until known, read by the reaper when it buries a job, else told by
+-- the quiet check's EXISTS below (no command more)
+local ev
 
 local function ready_key(p)
   return KEYS[READY9 + 9 - p]
@@ -198,6 +207,8 @@ local function reap(m, id, e)
     if ok then
       redis.call('ZADD', dead, now, id)
       redis.call('PUBLISH', done .. ':' .. id, 'd')
+      if ev == nil then ev = ev_open(evconf) end
+      ev_entry(events, ev, now, 'dead', nil, 0, 'lease_expired', jobmeta, id)
       buried = buried + 1
       if tracked(id) then t_dead[#t_dead + 1] = id end
     end
@@ -206,6 +217,8 @@ local function reap(m, id, e)
       'its worker died (or stalled past its lease) while running it, ' .. (c + 1)
       .. ' times; ' .. (n + 1) .. ' workers died holding it', e))
     if ok then
+      if ev == nil then ev = ev_open(evconf) end
+      ev_entry(events, ev, now, 'dead', e, 0, 'crashed_worker', jobmeta, id)
       redis.call('ZADD', dead, now, id)
       redis.call('HDEL', recovered, id)
       redis.call('PUBLISH', done .. ':' .. id, 'd')
@@ -304,9 +317,14 @@ end
 
 -- A plain queue's pop: one EXISTS says that none of these is there (not paused, no
 -- crash marks, cancelled or pending jobs, limits, groups or waits), and the reads each
--- would need are skipped; with any of them there, each is read as it is needed
+-- would need are skipped; with any of them there, each is read as it is needed. The
+-- events config is named 8 times: EXISTS counts each mention, so the reply says both
+-- (count % 8: the others; >= 8: events on)
 local quiet = next(woken) == nil and redis.call('EXISTS', paused, recovered, cancel,
-  pending, limits, groups, gwait) == 0
+  pending, limits, groups, gwait, evconf, evconf, evconf, evconf, evconf,
+  evconf, evconf, evconf)
+if ev == nil then ev = (not quiet or quiet >= 8) and ev_open(evconf) end
+quiet = quiet and quiet % 8 == 0
 
 -- 2b. groups whose wait is over (a token due, a hold ended, a slot freed) and groups
 --     that just got ready jobs join the rotation
@@ -437,6 +455,7 @@ if want > 0 and (quiet or redis.call('EXISTS', paused) == 0) then
         bury(dead, dead_jobs, now,
           'raw-' .. string.sub(redis.sha1hex(e), 1, 20) .. '-' .. nth,
           'decode_error', 'malformed job header', e)
+        ev_entry(events, ev, now, 'dead', nil, 0, 'decode_error', jobmeta, '')
         out[7] = out[7] + 1
       elseif t then
         -- cancelled while it waited (cancel.lua): dropped; "q": its group's quota count
@@ -452,6 +471,7 @@ if want > 0 and (quiet or redis.call('EXISTS', paused) == 0) then
         ndrop = ndrop + 1
         skipped[#skipped + 1] = id
         known[id] = v
+        ev_entry(events, ev, now, 'cancelled', e, 0, 'campaign cancelled', jobmeta, id)
         popped(id)  -- popped: leaves the pending index and its bitmap
         g_gone[#g_gone + 1] = id
       else
@@ -738,6 +758,8 @@ if want > 0 and (quiet or redis.call('EXISTS', paused) == 0) then
     redis.call('HINCRBY', stats, 'bundled', #bund)
     out[header_n] = {b, #bund}
     for _, e in ipairs(bund) do out[#out + 1] = e end
+    ev_entry(events, ev, now, 'started', nil, 1, nil, jobmeta, nil, hargs[#hargs - 2], '',
+             #bund)  -- (the packed entries: no work per job)
   end
   if #hargs > 0 then lease_entries(inflight, hargs) end
   if #zargs > 0 then
@@ -798,6 +820,13 @@ if not quiet then
   if first[2] and (out[2] < 0 or tonumber(first[2]) < out[2]) then
     out[2] = tonumber(first[2])
   end
+end
+if ev then
+  -- the jobs returned with leases of their own (a bundle's have their entry above)
+  for i = header_n + 1, #out - (out[header_n][2] or 0) do
+    ev_entry(events, ev, now, 'started', out[i], 0, nil, jobmeta)
+  end
+  ev_close(evconf, events, ev, now)
 end
 if #gone > 0 then first_lease = redis.call('ZRANGE', reserved, 0, 0, 'WITHSCORES') end
 if first_lease[2] then out[3] = tonumber(first_lease[2]) end

@@ -10,6 +10,9 @@
 -- KEYS[16] gready zset, KEYS[17] groups zset, KEYS[18] gwait zset, KEYS[19] gstate
 --          hash: a grouped job goes back to its group and gives back its running slot
 -- KEYS[20] stats hash: "bundled" (_lib.lua bundle_done), KEYS[21] bundles zset
+-- KEYS[22] evconf hash, KEYS[23] events stream: when events are on, each hold set here
+--          writes "held" (_lib.lua "Job events"); a job given back writes nothing (its
+--          next pop writes "started" again)
 -- ARGV[1]  hold in ms (0: none): each given-back job's group (or, for a job without a
 --          group, the whole queue) starts no job until now + hold (RateLimited, its
 --          reason in gstate "<g>:why", hold.lua); a longer hold already set is kept
@@ -28,6 +31,8 @@ local gwait = KEYS[18]
 local gstate = KEYS[19]
 local stats = KEYS[20]
 local bundles = KEYS[21]
+local evconf = KEYS[22]
+local events = KEYS[23]
 
 local function ready_key(p)
   return KEYS[READY9 + 9 - p]
@@ -35,6 +40,7 @@ end
 
 local hold = tonumber(ARGV[1]) or 0
 local now = now_ms()
+local ev = hold > 0 and ev_open(evconf)
 
 -- hold `g` (a group, or QUEUE) until now + hold, keeping a longer hold
 local function hold_off(g)
@@ -42,6 +48,7 @@ local function hold_off(g)
   if cur >= BLOCKED or cur < now + hold then
     redis.call('ZADD', gwait, now + hold, g)
     redis.call('HSET', gstate, g .. ':why', 'RateLimited@' .. (now + hold))  -- hold.lua
+    ev_put(events, ev, now, 'held', nil, 'RateLimited', g, now + hold)
   end
   if g ~= QUEUE then redis.call('ZREM', groups, g) end
 end
@@ -94,4 +101,5 @@ end
 if n > 0 then unpin(inflight) end
 gsettle(gstate, gwait, wake, back, false)
 if n > 0 then leave_wake_token(wake) end
+ev_close(evconf, events, ev, now)
 return n

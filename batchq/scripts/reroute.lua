@@ -11,6 +11,10 @@
 -- KEYS[3]  delayed zset        KEYS[7]  stats hash     KEYS[20] groups zset
 -- KEYS[4]  pending hash        KEYS[8]  bundles zset   KEYS[21] gwait zset
 --                                                      KEYS[22] gstate hash
+-- KEYS[23] jobmeta hash: read only, a tracked job's campaign for its event
+-- KEYS[24] evconf hash, KEYS[25] events stream: when events are on, a rerouted job
+--          writes "rerouted" (task: the fallback's; error: the task it had), a held one
+--          "held" (error: "breaker") (_lib.lua "Job events")
 -- ARGV[1]  hold in ms: a held job is due that long from now
 -- ARGV[2..] triples: lease ("<id>:<attempt>" or a bundle job's), the job's task (its
 --          "rerouted" count), the fallback's msgpack body ("" to hold the job)
@@ -28,6 +32,9 @@ local gready = KEYS[19]
 local groups = KEYS[20]
 local gwait = KEYS[21]
 local gstate = KEYS[22]
+local jobmeta = KEYS[23]
+local evconf = KEYS[24]
+local events = KEYS[25]
 
 local function ready_key(p)
   return KEYS[READY9 + 9 - p]
@@ -36,6 +43,7 @@ end
 local now = now_ms()
 local due = now + (tonumber(ARGV[1]) or 0)
 local marks = redis.call('HLEN', started) > 0
+local ev = ev_open(evconf)
 local held, moved = 0, 0
 local back, woken = {}, {}
 local cache = {}  -- bundles met (_lib.lua "Bundles")
@@ -64,6 +72,7 @@ for i = 2, #ARGV - 2, 3 do
       redis.call('ZADD', delayed, due, r)
       redis.call('HSET', pending, id, r)
       held = held + 1
+      ev_entry(events, ev, now, 'held', e, 0, 'breaker', jobmeta, id)
     else
       local new = string.sub(r, 1, hl) .. body
       local g = string.find(id, '~', 1, true) and group_of(id)
@@ -76,6 +85,7 @@ for i = 2, #ARGV - 2, 3 do
       redis.call('HSET', pending, id, 'r')
       redis.call('HINCRBY', stats, 'rerouted:' .. task, 1)
       moved = moved + 1
+      ev_entry(events, ev, now, 'rerouted', new, 0, task, jobmeta, id)
     end
     if single then
       redis.call('ZREM', reserved, m)
@@ -90,4 +100,5 @@ for g in pairs(woken) do gwake(groups, gwait, gstate, g) end
 if #back > 0 then unpin(inflight) end
 gsettle(gstate, gwait, wake, back, false)
 if #back > 0 then leave_wake_token(wake) end
+ev_close(evconf, events, ev, now)
 return {held, moved}

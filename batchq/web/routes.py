@@ -47,6 +47,7 @@ from ..connection import redact
 from ..errors import CampaignNotFound
 from ..web_settings import REFRESH_MAX_S, REFRESH_MIN_S, REFRESH_S
 from . import breakers, deadletters, operate, params
+from . import events as web_events
 from .act import Act
 from .params import MAX_BODY_BYTES, MAX_OFFSET, BadRequest
 from .rates import MAX_SAMPLED, RateTracker, Sampler
@@ -66,12 +67,13 @@ CACHE_S = 0.5
 
 PAGES = {"/": "overview", "/queue": "queue", "/dead": "dead", "/dead/job": "job",
          "/workers": "workers", "/periodic": "periodic", **operate.PAGES,
-         **breakers.PAGES}
+         **breakers.PAGES, **web_events.PAGES}
 ACTIONS = frozenset({"/api/queue/pause", "/api/queue/resume", "/api/dead/retry",
                      "/api/dead/purge", *operate.ACTIONS, *breakers.ACTIONS})
 STATIC = {"app.js": "text/javascript; charset=utf-8",
           "ops.js": "text/javascript; charset=utf-8",
           "breakers.js": "text/javascript; charset=utf-8",
+          "events.js": "text/javascript; charset=utf-8",
           "style.css": "text/css; charset=utf-8"}
 ANONYMOUS = "console"
 """Who an action is recorded as when the console has no token, or the client sent no
@@ -404,6 +406,7 @@ class Console:
                   methods=["POST"]),
             *operate.routes(self),
             *breakers.routes(self),
+            *web_events.routes(self),
         ]
 
 

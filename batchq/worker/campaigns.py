@@ -39,6 +39,7 @@ class FollowUp:
         st = self.st
         while st.due_campaigns:
             cid = st.due_campaigns.pop()
+            st.completing += 1
             try:
                 await asyncio.to_thread(campaign.try_complete, st.app.clients, cid)
             except asyncio.CancelledError:
@@ -47,6 +48,8 @@ class FollowUp:
                 raise
             except Exception as exc:  # the safety net retries it
                 log.warning("completing campaign %s failed: %s", cid, exc)
+            finally:
+                st.completing -= 1
 
     async def finish(self, redis_ok: bool) -> None:
         """At stop, after the last flush: the campaigns it reported, then (when the last

@@ -226,7 +226,8 @@ class Outcomes:
             delay = backoff_s(c.retry_backoff_s, c.retry_backoff_max_s, job.attempt)
         log.info("job %s (%s) attempt %d/%d failed: %s: %s; retry in %.2fs", job.id, job.task,
                  job.attempt, job.max_attempts, type(exc).__name__, describe(exc), delay)
-        self.settle(job).retries.append((job.lease, int(delay * 1000), job.task))
+        self.settle(job).retries.append((job.lease, int(delay * 1000), job.task,
+                                         f"{type(exc).__name__}: {describe(exc)}"))
         st.counters.retried += 1
 
     def hold(self, job: Job, task: Task[..., Any], exc: RateLimited) -> float | None:
@@ -376,8 +377,8 @@ class Outcomes:
                               q, "ok", [r[3] for r in part_r]))
             for i in range(0, len(b.retries), CHUNK):
                 part = b.retries[i : i + CHUNK]
-                batch.append((calls.nack(k, retries=[(lease, d) for lease, d, _ in part]),
-                              q, "retry", [t for _, _, t in part]))
+                batch.append((calls.nack(k, retries=[(ls, d, e) for ls, d, _, e in part]),
+                              q, "retry", [t for _, _, t, _ in part]))
             for i in range(0, len(b.dead), CHUNK):
                 dead = b.dead[i : i + CHUNK]
                 batch.append((calls.nack(k, dead=[(lease, rec) for lease, rec, _, _ in dead]),

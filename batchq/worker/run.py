@@ -110,7 +110,7 @@ class Runners:
         loop = st.loop
         me = asyncio.current_task()
         st.waking -= 1  # made by wake_runners, counted as woken until here
-        # the job context (batchq.context): the runner once, the job a set and a reset
+        # the job context (batchq.context): the runner once, then one set per job
         slot = RunnerSlot(self.ctx, _now() - _perf())
         slot_var.set(slot)
         # the runner's clock, read once between two items: the end of one is the start of
@@ -132,7 +132,9 @@ class Runners:
                 st.wake_runners(1)
             st.running[me] = item
             slot.item, slot.t0 = item, t
-            token = job_var.set(item)
+            # no reset after the job: the next one replaces it, and the runner runs no
+            # user code in between (a reset would cost a job as much again)
+            job_var.set(item)
             ser = None
             # the hot path awaits the handler two frames down (runner, _run_one): the
             # busy count and the run-time sample are kept here, not in a coroutine
@@ -154,8 +156,6 @@ class Runners:
             except BaseException as exc:
                 log.exception("internal error running %s; failing what is unsettled", item)
                 self._settle_leftovers([item] if one else item, exc)  # type: ignore
-            finally:
-                job_var.reset(token)
             now = _perf()
             if ser is not None:
                 ser.runs.append(now - t)

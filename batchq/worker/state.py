@@ -189,8 +189,8 @@ class Buffers:
 
     acks: list[bytes] = field(default_factory=list)
     ack_tasks: list[str] = field(default_factory=list)
-    retries: list[tuple[bytes, int, str]] = field(default_factory=list)
-    """(lease, retry delay in ms, task)"""
+    retries: list[tuple[bytes, int, str, str]] = field(default_factory=list)
+    """(lease, retry delay in ms, task, error: for the "retried" event)"""
     dead: list[tuple[bytes, bytes, str, str]] = field(default_factory=list)
     """(lease, dead record, task, reason)"""
     results: list[tuple[bytes, int, bytes, str, str]] = field(default_factory=list)
@@ -298,6 +298,9 @@ class State:
         self.due_campaigns: set[str] = set()
         """Campaigns whose last pending job on a queue settled in this process's pop,
         ack or nack: ``campaigns.FollowUp`` tries to complete them."""
+        self.completing = 0
+        """Campaigns taken from ``due_campaigns`` whose try is under way: a burst run
+        does not end before it is over (it may enqueue an ``on_complete`` job here)."""
 
     def set_shards(self, subs: dict[str, list[str]]) -> bool:
         """Serve these sub-queues of each queue of ``names`` (shards only ever added:

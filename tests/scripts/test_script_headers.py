@@ -457,7 +457,8 @@ def test_builders_fill_keys_from_the_queue(namespace):
     assert c.keys[20:24] == [k.campaigns, k.jobmeta, k.dedup, k.dedup_exp]
     assert c.keys[24:32] == [k.pending, k.cancel, k.done, k.seq, k.waiting0, k.waiting1,
                              k.waiting2, k.waiting3]
-    assert c.keys[32:] == [k.gready, k.groups, k.gwait, k.gstate, k.limits, k.idle, k.bundles]
+    assert c.keys[32:] == [k.gready, k.groups, k.gwait, k.gstate, k.limits, k.idle, k.bundles,
+                           k.evconf, k.events]
     assert calls.enqueue(k, 3, [b"e"], check=False).keys[0] == k.ready_for(3)
     assert calls.nack(k, [(b"a:1", 5)], [(b"b:1", b"r")]).args == [1, b"a:1", 5, b"b:1", b"r"]
 

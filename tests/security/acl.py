@@ -34,6 +34,9 @@ BATCHQ_COMMANDS = (
     "+zrangebylex", "+zremrangebylex", "+zrevrangebylex", "+zlexcount",
     # the audit log of operator actions (a capped stream)
     "+xadd", "+xtrim", "+xrevrange",
+    # job events (batchq.events): the scripts write a per-queue stream, readers page it,
+    # follow it and look at its trim
+    "+xrange", "+xread", "+xinfo|stream",
     # replace / debounce: a waiting job's entry swapped in its ready list (LPOS, LSET)
     "+lset",
     # App(min_replicas=...): the replicas confirm a write (WAITAOF with replica_fsync)

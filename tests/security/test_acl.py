@@ -76,6 +76,7 @@ def test_worker_producer_and_cli_as_the_acl_user(acl_server: AclServer, tmp_path
                           str(mport))
     app = build(s.url, ns, log)
     try:
+        app.queue().events(max_len=100_000)  # the scripts write the job events too
         rec = app.tasks["rec"]
         rec.enqueue("one")
         rec.enqueue_many(range(2500))  # several chunks: a pipeline of EVALSHA
@@ -133,6 +134,9 @@ def test_worker_producer_and_cli_as_the_acl_user(acl_server: AclServer, tmp_path
         cli("hold", "other", "60", "--group", "g")
         cli("release", "other", "--group", "g")
         assert "limit_rm" in cli("audit")
+        kinds = {json.loads(x)["kind"] for x in cli("events", "-q", "default", "--json",
+                                                    "--since", "2000-01-01").splitlines()}
+        assert {"started", "succeeded", "retried", "dead"} <= kinds
         lines = tmp_path / "jobs.jsonl"
         lines.write_text('["x1"]\n{"args": ["x2"]}\n')
         res = run_cli(["enqueue", "security.sec_app:app", "rec", "--from", str(lines)],

@@ -73,13 +73,16 @@ def test_all_keys_of_a_queue_share_one_hash_tag_and_slot(namespace, queue):
     # periodic schedules (kept out so that Queue.clear does not reset them) and the
     # prefix of the per-job channels (not a key), the sequence counter (a reset could
     # hand out numbers twice), the waiters flag (it expires) and the limits (settings,
-    # like the schedules)
+    # like the schedules), and the job events' config and stream
     named = {getattr(k, f.name) for f in dataclasses.fields(k)
              if f.name not in ("namespace", "queue", "prefix", "ready", "periodic", "done",
-                               "seq", "waiters", "limits")}
+                               "seq", "waiters", "limits", "evconf", "events")}
     assert set(keys) == named | set(k.ready)
     assert k.periodic not in keys and hash_tag(k.periodic) == f"{namespace}:{queue}"
     assert k.limits not in keys and hash_tag(k.limits) == f"{namespace}:{queue}"
+    # the job events' config and stream: a setting and a history, kept by clear
+    for key in (k.evconf, k.events):
+        assert key not in keys and hash_tag(key) == f"{namespace}:{queue}"
     assert len(keys) == len(set(keys)) == PRIORITIES + len(named)
     assert {hash_tag(key) for key in keys} == {f"{namespace}:{queue}"}
     assert len({key_slot(key.encode()) for key in keys}) == 1
