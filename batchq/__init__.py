@@ -34,7 +34,7 @@ from .queue import DeadJob, DeadRetention, Queue, QueueStats
 from .task import Task, TaskCall, TaskConfig
 from .worker import JobFailed, Worker, WorkerSettings, run_worker
 
-__version__ = "0.5.3"
+__version__ = "0.6.0"
 
 __all__ = [
     "App",

@@ -200,7 +200,7 @@ def test_job_data_is_shown_as_text_never_as_html(
     scripts = browser.execute_script(
         "return [...document.scripts].map(s => s.src || s.textContent)")
     assert scripts == [f"{console.url}static/ops.js", f"{console.url}static/breakers.js",
-                       f"{console.url}static/app.js"]
+                       f"{console.url}static/events.js", f"{console.url}static/app.js"]
     assert not browser.find_elements(By.CSS_SELECTOR, "main b, main img")
 
 

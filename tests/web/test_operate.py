@@ -313,7 +313,7 @@ def test_the_pages_are_in_the_navigation(browser: Any, console: WebServer) -> No
     assert {k: v.removeprefix(console.url.rstrip("/")) for k, v in links.items()} == {
         "overview": "/", "campaigns": "/campaigns", "groups": "/groups",
         "workers": "/workers", "periodic": "/periodic", "find": "/job", "audit": "/audit",
-        "breakers": "/breakers"}
+        "breakers": "/breakers", "events": "/events"}
     for page in ("campaigns", "groups", "job", "audit"):
         res = http("GET", console.url + page)
         assert res.status == 200 and csrf_of(res.text)
