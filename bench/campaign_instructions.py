@@ -1,4 +1,4 @@
-"""Redis instructions per job (valgrind callgrind) of issue 12's cases, for source trees.
+"""Redis instructions per job (valgrind callgrind) of the campaign cases, for source trees.
 
 ``python -m bench.campaign_instructions TREE [TREE ...] [--jobs N] [--rounds R]``
 

@@ -1,7 +1,7 @@
 """The ``campaign`` scenario: what campaigns and dedup keys cost.
 
 * drain: no-op jobs in a sealed campaign against the same jobs without one, one process
-  each, alternating in the same run (the figure is campaign / plain; issue 12 wants
+  each, alternating in the same run (the figure is campaign / plain; the target is
   >= 90 %);
 * ``enqueue_many`` with a dedup key per job (``key_fn``), a fresh key each, then the same
   rows again (every key held: nothing written);

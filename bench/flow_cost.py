@@ -68,7 +68,7 @@ def once(ctx: Context, jobs: int, groups: int, pop_src: str, ack_src: str,
                        + [res[10][0] + p.to_bytes(2, "big") for p in range(1, n + 1)])
     pop_us = _server_usec(ctx)
     r.config_resetstat()
-    # since 0.5.1 a bundle's leases go as one argument (calls.ack); an older ack.lua
+    # a bundle's leases go as one argument (calls.ack); an older ack.lua
     # takes one argument per lease
     grouped = "<bundle>#<position>" in ack_src
     for leases in batches:

@@ -1,4 +1,4 @@
-"""The ``iocurve`` scenario: issue 14's I/O-bound fan-out curve.
+"""The ``iocurve`` scenario: the I/O-bound fan-out curve.
 
 For each concurrency level C (``--levels``, default 100, 1,000, 5,000), N jobs of the
 ``io_wait`` task (``await asyncio.sleep(--sleep-ms)``, standing in for an HTTP call to a
@@ -8,7 +8,7 @@ them. Timed as in ``drain``: **jobs/s = jobs / (last handler exit - first handle
 entry)**, from the handlers' own clocks (``bench/record.py``). Beside it:
 
 * the ideal ``C / sleep`` (every slot always busy) and the achieved ratio
-  ``jobs/s / min(C / sleep, --cap)``: issue 14's target is >= 80 % up to 10,000 jobs/s;
+  ``jobs/s / min(C / sleep, --cap)``: the target is >= 80 % up to 10,000 jobs/s;
 * the worker's peak RSS: its ``VmHWM`` (``/proc/<pid>/status``, the kernel's high-water
   mark of its RSS since the exec), read every 50 ms while it runs, the last reading
   kept; and the largest ``/proc/<pid>/statm`` RSS of those samples. Not ``ru_maxrss``

@@ -1,4 +1,4 @@
-"""Figures for results / status / cancel (issue 13): ``python -m bench.results_figures``.
+"""Figures for results / status / cancel: ``python -m bench.results_figures``.
 
 * drain of no-op jobs with ``result_ttl_s`` set against without, alternating in one run
   (one ``--burst`` worker process each; wall time from its start to its exit, startup

@@ -42,7 +42,7 @@ from .harness import REPO_ROOT, Context
 @functools.cache
 def script_source(tree: Path, name: str) -> str:
     """The text ``tree`` sends for script ``name``: from its own ``batchq.scripts.source``
-    (which, since 0.4.1, prepends only the library definitions the script uses)."""
+    (which prepends only the library definitions the script uses)."""
     code = "import sys; from batchq.scripts import source; sys.stdout.write(source(sys.argv[1]))"
     env = {**os.environ, "PYTHONPATH": str(tree)}
     return subprocess.run([sys.executable, "-c", code, name], cwd=tree, env=env, check=True,

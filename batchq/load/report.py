@@ -1,6 +1,6 @@
 """A load run's report: the ``--json`` object, the table, and the HTML / PNG plots.
 
-The JSON object has exactly the fields of issue 16: ``offered_rate``, ``achieved_rate``,
+The JSON object has exactly these fields: ``offered_rate``, ``achieved_rate``,
 ``sent``, ``errors``, ``errors_by_type`` (type -> ``{"count", "example"}``), ``run_ms``,
 ``start_ms``, ``done_ms`` (each ``p50``, ``p90``, ``p99``, ``p999``, ``max``) and
 ``timeline`` (per second from the start: ``t``, ``sent``, ``done``, ``errors``,

@@ -569,7 +569,7 @@ if want > 0 and (quiet or redis.call('EXISTS', paused) == 0) then
         ready_key(6), ready_key(5), ready_key(4), ready_key(3), ready_key(2), ready_key(1),
         ready_key(0), 'LEFT', 'COUNT', ask)
       if type(got) == 'table' and got.err then
-        -- refused (an ACL user set up before 0.5.1, without +lmpop): as before 7.0
+        -- refused (an ACL user without +lmpop): as before 7.0
         LMPOP = false
         nonempty = count_ready()
       elseif not got then

@@ -70,7 +70,7 @@ GC_THRESHOLD = 10_000
 """Default ``WorkerSettings.gc_threshold``: with Python's 700, the jobs in flight
 (thousands of objects coming and going) set off a collection every few hundred jobs,
 and the survivors a full one every ~50,000 (~30 ms each, scanning every module's
-objects): a fifth to a third of a drain's CPU (bench/README "0.5.2")."""
+objects): a fifth to a third of a drain's CPU."""
 
 _CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
 REDIS_ERRORS = (*_CONNECTION_ERRORS, redis.RedisError, RedisClusterException, RuntimeError)

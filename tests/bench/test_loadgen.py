@@ -106,7 +106,7 @@ def test_sync_and_async_shells_drive_the_same_schedule() -> None:
     assert s1.first_error == "RuntimeError: refused"
 
 
-# --- rate profiles (issue 16) --------------------------------------------------------------
+# --- rate profiles -----------------------------------------------------------------------
 
 
 def test_profiles_place_every_job_on_the_cumulative_count() -> None:

@@ -1,4 +1,4 @@
-"""Campaign and keyed (tracked, "_m") jobs under results/status/cancel (issue 13): their ids
+"""Campaign and keyed (tracked, "_m") jobs under results/status/cancel: their ids
 carry a sequence number then the mark, enqueue_tracked.lua sets their waiting bits, and a
 cancel settles them in their campaign exactly once."""
 

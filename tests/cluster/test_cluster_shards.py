@@ -1,4 +1,4 @@
-"""Sharded queues on a real 3-master Redis Cluster (issue 14): the shards of one queue
+"""Sharded queues on a real 3-master Redis Cluster: the shards of one queue
 land on different nodes, real ``batchq worker`` processes drain them with every job run
 exactly once, and changing the shard count of a live queue (down, then up) loses
 nothing."""

@@ -1,4 +1,4 @@
-"""End to end: how the ``batchq`` commands take their arguments (issue 9), through the
+"""End to end: how the ``batchq`` commands take their arguments, through the
 real ``python -m batchq`` against the test server, one namespace per test.
 
 * every command takes ``MODULE:APP`` first; the older ``QUEUE MODULE:APP`` still works,

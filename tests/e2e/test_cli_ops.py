@@ -334,7 +334,7 @@ def test_pause_stops_a_worker_and_resume_lets_it_drain(
     assert "paused" in res.stdout
     assert q.is_paused()
 
-    # not --burst: a burst run on a paused queue exits EXIT_STALLED (issue 9)
+    # not --burst: a burst run on a paused queue exits EXIT_STALLED
     worker = start_cli(["worker", APP, "-q", "default"], env=env)
     try:
         deadline = time.monotonic() + 1.2

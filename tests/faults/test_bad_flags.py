@@ -1,4 +1,4 @@
-"""Hostile input to the ``batchq`` command (issue 10), through the real CLI in a
+"""Hostile input to the ``batchq`` command, through the real CLI in a
 subprocess: flags and ``BATCHQ_*`` values out of range, malformed Redis URLs, a JSON line
 nested 100,000 deep, entries written into Redis by hand, and a password on the command
 line that must not reach the process list of the supervisor or any child.

@@ -1,4 +1,4 @@
-"""Dead-letter retention (issue 9): by age and by count per queue, trimmed oldest first in
+"""Dead-letter retention: by age and by count per queue, trimmed oldest first in
 bounded chunks by ``trim_dead.lua``; ``Queue.trim_dead`` and ``queue.atrim_dead``; a
 running worker process applies it to the queues it serves."""
 

@@ -177,7 +177,7 @@ def test_a_blocking_wait_that_outlives_its_idle_wait_is_sent_again(app, queue_na
     """An idle wait reuses the BLPOP still pending from the one before; when that BLPOP
     ends on the server's timeout midway, the wait goes on (a new BLPOP) to its own end
     instead of sending the fetch loop back for a second pop right after the first (an
-    idle worker popped twice per max_block_s before 0.4.1)."""
+    idle worker popped twice per max_block_s)."""
     s = batchq.WorkerSettings(queues=(queue_name,), install_signal_handlers=False,
                               metrics=False, max_block_s=0.5)
     w = batchq.Worker(app, s)

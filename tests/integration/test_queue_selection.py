@@ -1,4 +1,4 @@
-"""Which job a busy worker starts next (issue 11, worker side), with real worker
+"""Which job a busy worker starts next (the worker side), with real worker
 processes: prefetch sized from the handlers' run time, so a priority-9 job is not stuck
 behind prefetched ones; several queues taken in strict order or by weight."""
 

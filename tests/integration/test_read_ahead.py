@@ -1,4 +1,4 @@
-"""Read-ahead (issue 14): a worker serving one queue with a backlog keeps two pops on the
+"""Read-ahead: a worker serving one queue with a backlog keeps two pops on the
 wire, so the server pops the next batch while the worker runs the last one. Jobs those
 pops lease are never stranded: a stop gives them back like any job not started."""
 

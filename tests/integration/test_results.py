@@ -1,4 +1,4 @@
-"""Results, status and cancel (issue 13) end to end: real worker processes
+"""Results, status and cancel end to end: real worker processes
 (``batchq worker apps.results_app:app``), the real server, waiters in this process."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Sharded queues (issue 14, "one hot queue over several Cluster nodes") on the embedded
+"""Sharded queues ("one hot queue over several Cluster nodes") on the embedded
 Valkey: producers spread chunks over the shards, a group or a dedup key stays in one
 shard, workers drain every shard (also shards beyond their own count, after a count
 change), and every operator view sees one queue."""

@@ -198,7 +198,7 @@ def test_locks_and_periodic_ticks_as_the_acl_user(acl_server: AclServer) -> None
 
 def test_a_user_without_lmpop_still_pops_every_priority_in_order(
         acl_server: AclServer) -> None:
-    """A user set up before 0.5.1 (the list without ``+lmpop``): pop.lua's LMPOP is
+    """A user set up with the older list (without ``+lmpop``): pop.lua's LMPOP is
     refused (the ACL log says so) and the pop takes the ten lists one by one instead."""
     from batchq.scripts import SyncScripts, calls
 
