@@ -27,11 +27,6 @@ Q = "sc"
 
 
 @pytest.fixture
-def log_path(tmp_path: Path) -> Path:
-    return tmp_path / "runs.log"
-
-
-@pytest.fixture
 def app(redis_url: str, namespace: str, log_path: Path,
         redis_client: redis.Redis) -> Iterator[batchq.App]:
     a = build(redis_url, namespace, str(log_path))
