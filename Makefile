@@ -6,7 +6,7 @@ BIN = $(VENV)/bin
 PYTEST_ARGS ?=
 LINT_PATHS = batchq tests $(wildcard bench)
 
-.PHONY: install lint test demo clean tools
+.PHONY: install lint test demo demo-sendtime clean tools
 
 install: $(VENV)/.installed
 
@@ -64,6 +64,9 @@ test: lint tools
 
 demo: $(VENV)/.runtime
 	$(BIN)/python -m batchq.dev.demo
+
+demo-sendtime: $(VENV)/.runtime
+	$(BIN)/python -m batchq.dev.demo_sendtime
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import importlib as _importlib
+import sys as _sys
+import types as _types
+import warnings as _warnings
+from collections.abc import Sequence as _Sequence
+from importlib import abc as _abc
+from importlib import machinery as _machinery
+
 from .app import App
 from .breaker import BreakerOpen
 from .campaign import Campaign, CampaignStats
@@ -14,6 +22,7 @@ from .errors import (
     EnqueueError,
     JobCancelled,
     JobDead,
+    JobExpired,
     LockLost,
     LockNotAcquired,
     NotReplicated,
@@ -55,6 +64,7 @@ __all__ = [
     "JobCancelled",
     "JobContext",
     "JobDead",
+    "JobExpired",
     "JobFailed",
     "JobInfo",
     "Limit",
@@ -82,3 +92,73 @@ __all__ = [
     "run_scheduler",
     "run_worker",
 ]
+
+
+# --- module paths that moved: importable under their old name for one release ---------
+
+_MOVED: dict[str, str] = {}
+"""Old module path -> new one, both relative to ``batchq`` (a package maps its
+submodules too). Importing an old path gives the module itself, with one
+``DeprecationWarning`` per path and process; nothing is left at the old place."""
+
+
+def _moved_to(fullname: str) -> str | None:
+    head, _, rest = fullname.partition(".")
+    if head != __name__ or not rest:
+        return None
+    parts = rest.split(".")
+    for i in range(len(parts), 0, -1):
+        new = _MOVED.get(".".join(parts[:i]))
+        if new is not None:
+            return ".".join([__name__, new, *parts[i:]])
+    return None
+
+
+class _MovedLoader(_abc.Loader):
+    def __init__(self, old: str, new: str) -> None:
+        self.old, self.new = old, new
+
+    def create_module(self, spec: _machinery.ModuleSpec) -> _types.ModuleType:
+        module = _importlib.import_module(self.new)
+        self.spec = module.__spec__
+        _warnings.warn(f"{self.old} moved to {self.new}; the old path goes in the next "
+                       "release", DeprecationWarning, stacklevel=_importer_level())
+        return module
+
+    def exec_module(self, module: _types.ModuleType) -> None:
+        module.__spec__ = self.spec  # the import system set the alias's spec on it
+
+
+class _MovedFinder(_abc.MetaPathFinder):
+    def find_spec(self, fullname: str, path: _Sequence[str] | None,
+                  target: _types.ModuleType | None = None) -> _machinery.ModuleSpec | None:
+        new = _moved_to(fullname)
+        if new is None:
+            return None
+        return _machinery.ModuleSpec(fullname, _MovedLoader(fullname, new))
+
+
+def _importer_level() -> int:
+    """The ``stacklevel`` from ``_MovedLoader.create_module`` to the code that imported
+    (past ``importlib``; ``warnings`` itself does not count the ``_bootstrap`` frames)."""
+    frame: _types.FrameType | None = _sys._getframe(2)
+    level = 1
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not ("importlib" in name and "_bootstrap" in name):
+            level += 1
+        if "importlib" not in name and name != __file__:
+            break
+        frame = frame.f_back
+    return level
+
+
+def __getattr__(name: str) -> object:
+    """``batchq.<old module>`` as an attribute, through the same warning."""
+    if name in _MOVED:
+        return _importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if not any(isinstance(f, _MovedFinder) for f in _sys.meta_path):
+    _sys.meta_path.insert(0, _MovedFinder())

@@ -10,6 +10,7 @@ fork, so the supervisor can import the app and fork workers safely.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from datetime import datetime
 from typing import Any, ParamSpec, TypeVar, overload
 
 import redis
@@ -250,9 +251,10 @@ class App:
         """The return value of job ``job_id`` (a task with ``result_ttl_s``), waiting up to
         ``timeout_s`` for it without polling. Raises ``batchq.JobDead`` (with the dead
         record) if it was dead-lettered, ``batchq.JobCancelled`` if it was cancelled,
-        ``TimeoutError`` if it did not finish in time, ``KeyError`` if the job is unknown
-        or its result expired, ``batchq.ResultNotKept`` (a ``KeyError``) at once when the
-        tasks of its queue keep no result."""
+        ``batchq.JobExpired`` if it expired before it started, ``TimeoutError`` if it did
+        not finish in time, ``KeyError`` if the job is unknown or its result expired,
+        ``batchq.ResultNotKept`` (a ``KeyError``) at once when the tasks of its queue keep
+        no result."""
         return results.result(self, job_id, timeout_s)
 
     async def aresult(self, job_id: str, timeout_s: float = 10.0) -> Any:
@@ -263,7 +265,8 @@ class App:
         """``"ready"``, ``"delayed"`` (also a retry waiting for its backoff),
         ``"reserved"`` (running), ``"succeeded"`` (while its result is kept),
         ``"dead"`` (while the dead-letter store keeps it), ``"cancelled"`` (for
-        ``results.CANCEL_KEEP_S``) or ``"unknown"`` (never seen, or finished and
+        ``results.CANCEL_KEEP_S``), ``"expired"`` (an hour after it expired unstarted)
+        or ``"unknown"`` (never seen, or finished and
         forgotten: a task without ``result_ttl_s`` keeps no trace of a success)."""
         return results.job_status(self, job_id)
 
@@ -353,14 +356,18 @@ class App:
 
     def campaign(self, campaign_id: str | None = None, *,
                  on_complete: Task[..., Any] | None = None,
-                 campaign_ttl_s: float = DEFAULT_CAMPAIGN_TTL_S) -> Campaign:
+                 campaign_ttl_s: float = DEFAULT_CAMPAIGN_TTL_S,
+                 expires_at: datetime | float | None = None) -> Campaign:
         """The campaign ``campaign_id``, created unless it exists (a new id when None;
         an existing campaign keeps its settings). ``on_complete(campaign_id,
         stats_dict)`` is enqueued exactly once when it is sealed and nothing is pending;
-        its record is kept ``campaign_ttl_s`` after that. Use as ``with
-        app.campaign(...) as c:`` to seal on a clean exit."""
+        its record is kept ``campaign_ttl_s`` after that. ``expires_at`` (a datetime or
+        Unix seconds; set when the campaign is created): its jobs not started by then
+        never run, counted ``expired``. Use as ``with app.campaign(...) as c:`` to seal
+        on a clean exit."""
         check_seconds("campaign_ttl_s", campaign_ttl_s, positive=True)
-        cid = campaigns_.create(self.clients, campaign_id, on_complete, campaign_ttl_s)
+        cid = campaigns_.create(self.clients, campaign_id, on_complete, campaign_ttl_s,
+                                expires_at)
         return Campaign(self.clients, cid)
 
     def campaigns(self, limit: int = 100) -> list[CampaignStats]:

@@ -24,9 +24,11 @@ racing (or one retrying after a crash) write one job. Then "notified" is set.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -34,6 +36,7 @@ from . import codec, producer, tracked
 from .clients import Clients
 from .errors import CampaignNotFound
 from .keys import CampaignKeys, campaign_keys, campaigns_key, campaigns_open_key
+from .options import check_expiry, eta_seconds
 from .scripts import calls
 
 DEFAULT_CAMPAIGN_TTL_S = 7 * 86400.0
@@ -58,8 +61,9 @@ class TaskLike(Protocol):
 
 @dataclass(frozen=True)
 class CampaignStats:
-    """A campaign's counts. ``total == succeeded + dead + cancelled + pending`` always
-    (each queue's counts are read atomically); ``done`` once ``on_complete`` is due."""
+    """A campaign's counts. ``total == succeeded + dead + cancelled + expired + pending``
+    always (each queue's counts are read atomically); ``done`` once ``on_complete`` is
+    due; ``expired``: jobs not started by their deadline (``expires_at``)."""
 
     id: str
     total: int
@@ -74,6 +78,7 @@ class CampaignStats:
     state: str
     """``open``, ``sealed``, ``cancelled`` or ``done``."""
     queues: tuple[str, ...] = ()
+    expired: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -93,15 +98,17 @@ def _queues(c: Clients, ck: CampaignKeys) -> list[str]:
     return sorted(_text(q) for q in c.redis.smembers(ck.queues))
 
 
-def _counts(c: Clients, cid: str, queues: list[str]) -> tuple[int, int, int, int, int]:
-    """(total, pending, succeeded, dead, cancelled) summed over ``queues``."""
-    sums = [0] * 5
+def _counts(c: Clients, cid: str, queues: list[str]
+            ) -> tuple[int, int, int, int, int, int]:
+    """(total, pending, succeeded, dead, cancelled, expired) summed over ``queues``."""
+    sums = [0] * 6
     for q in queues:
         reply = c.sync_scripts.call(calls.campaign_queue(c.keys(q), cid, "read"))
         for i in range(5):
             sums[i] += int(reply[i + 1])
-    t, p, s, d, x = sums
-    return t, p, s, d, x
+        sums[5] += int(reply[7])
+    t, p, s, d, x, e = sums
+    return t, p, s, d, x, e
 
 
 def _state(rec: dict[str, str]) -> str:
@@ -121,19 +128,24 @@ def stats(c: Clients, cid: str) -> CampaignStats:
     queues = _queues(c, ck)
     finished = "finished_ms" in rec
     if finished:
-        t, s, d, x = (int(rec.get(f, 0)) for f in ("total", "succeeded", "dead", "cancelled"))
+        t, s, d, x, e = (int(rec.get(f, 0)) for f in ("total", "succeeded", "dead",
+                                                       "cancelled", "expired"))
         p = 0
     else:
-        t, p, s, d, x = _counts(c, cid, queues)
+        t, p, s, d, x, e = _counts(c, cid, queues)
     return CampaignStats(cid, t, p, s, d, x, finished, int(rec["created_ms"]) / 1000,
                          int(rec["finished_ms"]) / 1000 if finished else None, _state(rec),
-                         tuple(queues))
+                         tuple(queues), e)
 
 
 def create(c: Clients, cid: str | None, on_complete: TaskLike | None,
-           ttl_s: float) -> str:
-    """Create campaign ``cid`` (a new id when None) unless it exists; returns the id."""
+           ttl_s: float, expires_at: datetime | float | None = None) -> str:
+    """Create campaign ``cid`` (a new id when None) unless it exists; returns the id.
+    ``expires_at``: its jobs not started by then never run (each job is stamped with it
+    when written: ``options(expires_at=...)``)."""
     cid = tracked.check_campaign_id(cid) if cid is not None else codec.new_id()
+    if expires_at is not None:
+        check_expiry(None, expires_at, None)
     if isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float) or not 0 < ttl_s < 1e10:
         raise ValueError(f"campaign_ttl_s must be a number of seconds > 0, got {ttl_s!r}")
     if on_complete is not None and not hasattr(on_complete, "config"):
@@ -141,7 +153,8 @@ def create(c: Clients, cid: str | None, on_complete: TaskLike | None,
     cfg = on_complete.config if on_complete is not None else None
     created = c.sync_scripts.call(calls.campaign_open(
         campaign_keys(c.namespace, cid), cfg.name if cfg else "", cfg.queue if cfg else "",
-        cfg.priority if cfg else 0, cfg.max_attempts if cfg else 1, round(ttl_s * 1000)))
+        cfg.priority if cfg else 0, cfg.max_attempts if cfg else 1, round(ttl_s * 1000),
+        None if expires_at is None else round(eta_seconds(expires_at) * 1000)))
     if created:
         c.redis.zadd(campaigns_key(c.namespace), {cid: time.time() * 1000}, nx=True)
     return cid
@@ -184,10 +197,10 @@ def try_complete(c: Clients, cid: str) -> bool:
         close(c, cid, "cancel" if "cancelled" in rec else "seal")  # an interrupted seal
     queues = _queues(c, ck)
     if "finished_ms" not in rec:
-        t, p, s, d, x = _counts(c, cid, queues)
+        t, p, s, d, x, e = _counts(c, cid, queues)
         if p > 0:
             return False
-        if int(c.sync_scripts.call(calls.campaign_finish(ck, t, s, d, x))) < 0:
+        if int(c.sync_scripts.call(calls.campaign_finish(ck, t, s, d, x, e))) < 0:
             return False
     st = stats(c, cid)
     rec = _record(c, ck)
@@ -290,3 +303,42 @@ class Campaign:
                         exc: BaseException | None, tb: TracebackType | None) -> None:
         if exc_type is None:
             await asyncio.to_thread(self.seal)
+
+
+class HasClients(Protocol):
+    @property
+    def clients(self) -> Clients: ...
+
+
+CAMPAIGN_SERIES = 50
+"""Campaigns exported at most to ``/metrics`` (each: 5 job series and a done flag)."""
+
+_metrics_log = logging.getLogger("batchq.metrics")
+
+
+class CampaignCollector:
+    """Jobs by campaign and state (total, pending, succeeded, dead, cancelled) for
+    campaigns running or finished in the last hour, read at scrape time: at most
+    ``CAMPAIGN_SERIES`` of them, so the label set stays bounded whatever the producers
+    do."""
+
+    def __init__(self, app: HasClients) -> None:
+        self.app = app
+
+    def collect(self) -> Iterable[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        jobs = GaugeMetricFamily("batchq_campaign_jobs", "Jobs of a campaign by state",
+                                 labels=["campaign", "state"])
+        done = GaugeMetricFamily("batchq_campaign_done", "1 once the campaign completed",
+                                 labels=["campaign"])
+        try:
+            found = recent(self.app.clients, limit=CAMPAIGN_SERIES)
+        except Exception as exc:  # the queue gauges still answer
+            _metrics_log.warning("cannot read campaign metrics from Redis: %s", exc)
+            return
+        for st in found:
+            for state in ("total", "pending", "succeeded", "dead", "cancelled", "expired"):
+                jobs.add_metric([st.id, state], getattr(st, state))
+            done.add_metric([st.id], 1 if st.done else 0)
+        yield from (jobs, done)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, TypeVar, cast
 import redis
 from redis.asyncio import Redis as AsyncRedis
 
+from . import _twins
 from .connection import RedisSettings
 from .keys import QueueKeys, queues_key, shards_key, split_shard
 from .replicas import Durability
@@ -114,16 +115,20 @@ class Clients:
 
     def register_queue(self, queue: str) -> None:
         """Record the queue name in the namespace's registry (once per process)."""
+        _twins.run(self.registering(queue))
+
+    def registering(self, queue: str) -> _twins.Core[None]:
+        """The core of ``register_queue`` / ``aregister_queue``."""
         self.check_fork()
         if queue not in self._registered:
             base, k = split_shard(queue)
             if k:  # a shard: the registry names its queue, the shard registry its index
-                pipe = self.redis.pipeline(transaction=False)
-                pipe.sadd(queues_key(self.namespace), base)
-                pipe.zadd(shards_key(self.namespace), self._shard_count(base, k), gt=True)
-                pipe.execute()
+                yield _twins.Pipeline(self, [
+                    ("sadd", (queues_key(self.namespace), base), {}),
+                    ("zadd", (shards_key(self.namespace), self._shard_count(base, k)),
+                     {"gt": True})])
             else:
-                self.redis.sadd(queues_key(self.namespace), queue)
+                yield _twins.Command(self, "sadd", queues_key(self.namespace), queue)
             self._registered.add(queue)
 
     def _shard_count(self, base: str, k: int) -> dict[str, int]:
@@ -173,17 +178,7 @@ class Clients:
 
     async def aregister_queue(self, queue: str) -> None:
         """``register_queue`` over the running loop's client."""
-        self.check_fork()
-        if queue not in self._registered:
-            base, k = split_shard(queue)
-            if k:
-                pipe = self.async_redis().pipeline(transaction=False)
-                pipe.sadd(queues_key(self.namespace), base)
-                pipe.zadd(shards_key(self.namespace), self._shard_count(base, k), gt=True)
-                await pipe.execute()
-            else:
-                await self.async_redis().sadd(queues_key(self.namespace), queue)
-            self._registered.add(queue)
+        await _twins.arun(self.registering(queue))
 
     async def aclose(self) -> None:
         """Close the asyncio client of the running loop."""

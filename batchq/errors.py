@@ -145,6 +145,15 @@ class JobCancelled(BatchqError):
         self.job_id = job_id
 
 
+class JobExpired(BatchqError):
+    """``app.result`` of a job dropped unrun at its deadline (``options(expires_s=)``,
+    ``expires_at``, or its campaign's ``expires_at``), not kept in dead."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"job {job_id} expired before it ran")
+        self.job_id = job_id
+
+
 class LockNotAcquired(BatchqError):
     """``app.lock(...)`` could not take the lock within ``blocking_timeout_s``: another
     holder had it. ``name`` is the lock's name."""

@@ -39,8 +39,8 @@ __all__ = [
     "read",
 ]
 
-KINDS = ("started", "succeeded", "retried", "dead", "cancelled", "held", "hold_lifted",
-         "rerouted", "campaign_done", "gap")
+KINDS = ("started", "succeeded", "retried", "dead", "cancelled", "expired", "held",
+         "hold_lifted", "rerouted", "campaign_done", "gap")
 """Every ``Event.kind``; ``gap`` is made by the reader (events it could not read)."""
 
 DEFAULT_MAX_LEN = 100_000

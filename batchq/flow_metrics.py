@@ -4,7 +4,9 @@ Per queue, from the one pipelined ``stats.read`` every scrape already makes:
 ``batchq_queue_grouped_jobs``, ``batchq_queue_groups{state="ready|waiting"}`` and
 ``batchq_queue_held_seconds``. Per limit, from ``flow_view.read`` (two more pipelined
 round trips for all the queues, bounded): ``batchq_limit_concurrency_used_ratio``,
-``batchq_limit_rate_per_second`` and ``batchq_group_waiting_seconds``.
+``batchq_limit_rate_per_second``, ``batchq_group_waiting_seconds`` and
+``batchq_group_window_used{window}`` (starts counted in the current calendar period, for
+limits with calendar quotas: four windows at most per group).
 
 Cardinality stays bounded whatever the producers do: a group is a label value only when
 it has a limit of its own, and at most ``flow_view.LIMITS_SHOWN`` (50) of those per
@@ -71,6 +73,11 @@ def limit_families(client: redis.Redis, queues: dict[str, Sequence[QueueKeys]]
         "may start a job again (the end of a hold from RateLimited, or its next rate "
         f"token), for such groups waiting now (at most {CAP} groups per queue)",
         labels=["queue", "group"])
+    window = GaugeMetricFamily(
+        "batchq_group_window_used", "Job starts counted in the current calendar period "
+        "(window: minute, hour, day, month) against a calendar quota (max_per_day...), "
+        "for the queue (group=\"\") and groups with such a limit of their own (at most "
+        f"{CAP} groups per queue)", labels=["queue", "group", "window"])
     flows = flow_view.read_shards(client, queues, groups=0, limits=CAP)
     for name, flow in flows.items():
         for u in flow.limits:
@@ -83,4 +90,6 @@ def limit_families(client: redis.Redis, queues: dict[str, Sequence[QueueKeys]]
                 used.add_metric([name, group], ratio)
             if u.state == "waiting" and lim.group not in (None, DEFAULT_GROUP):
                 waiting.add_metric([name, group], u.until_s)
-    return [used, rate, waiting]
+            for w in u.windows:
+                window.add_metric([name, group, w.window], w.used)
+    return [used, rate, waiting, window]

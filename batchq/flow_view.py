@@ -23,18 +23,23 @@ from typing import Any, TypeVar
 
 import redis
 
+from . import calendars, windows
 from .keys import QueueKeys
 from .limits import (
     BLOCKED,
+    CAL_SUFFIX,
     DEFAULT_FIELD,
     DEFAULT_GROUP,
     QUEUE_FIELD,
     GroupState,
     Limit,
     group_name,
+    is_limit_field,
     why_of,
+    with_calendar,
 )
 from .stats import BUNDLE_COUNTS, QueueStats, reserved_jobs
+from .windows import WindowUse
 
 WAITING_SHOWN = 10
 """Groups that wait, listed per queue by ``batchq info`` (held or blocked first)."""
@@ -58,6 +63,9 @@ class LimitUse:
     pending: int | None = None
     state: str = ""
     until_s: float = 0.0
+    windows: tuple[WindowUse, ...] = ()
+    """The use of its calendar quotas in their current periods (``"*"``: none, each
+    group counts its own)."""
 
     @property
     def used_ratio(self) -> float | None:
@@ -79,6 +87,13 @@ class LimitUse:
         if self.state:
             row["state"] = self.state
             row["until_s"] = round(self.until_s, 3)
+        for kind, n in lim.calendar.items():
+            row[f"max_per_{kind}"] = n
+        if lim.calendar:
+            row["tz"] = lim.tz or "UTC"
+        if self.windows:
+            row["window_used"] = {u.window: u.used for u in self.windows}
+            row["window_reset_s"] = {u.window: round(u.reset_s, 3) for u in self.windows}
         return row
 
 
@@ -123,11 +138,14 @@ def all_limits(client: redis.Redis, k: QueueKeys) -> tuple[list[Limit], list[str
     """Every limit of a queue, ordered as ``limits.limits`` orders them, and apart the
     fields whose value is not a valid limit (written by hand): ``batchq limit list``
     shows those instead of failing."""
-    raw: dict[Any, Any] = client.hgetall(k.limits)
+    raw = {_text(f): _text(v) for f, v in client.hgetall(k.limits).items()}
     good: list[Limit] = []
     bad: list[str] = []
     for f, v in raw.items():
-        lim = _limit(_text(f), v)
+        if not is_limit_field(f):
+            continue
+        lim = _limit(f, v)
+        lim = None if lim is None else with_calendar(lim, raw.get(f + CAL_SUFFIX))
         if lim is None:
             bad.append(group_name(_text(f)))
         else:
@@ -155,15 +173,17 @@ def read(client: redis.Redis, queues: Sequence[QueueKeys], *, groups: int = WAIT
         pipe.zrevrange(k.gwait, 0, groups, withscores=True)
         pipe.zscore(k.gwait, QUEUE_FIELD)
         pipe.hget(k.gstate, f"{QUEUE_FIELD}:why")
+        pipe.hget(k.limits, windows.FLAG)
     res = pipe.execute(raise_on_error=False)
     if isinstance(res[0], Exception):
         raise res[0]
     now_ms = int(res[0][0]) * 1000 + int(res[0][1]) // 1000
     firsts: list[tuple[QueueKeys, list[LimitUse], list[tuple[str, Limit]], int,
-                       list[tuple[str, float]], str]] = []
+                       list[tuple[str, float]], str, bool]] = []
     for j, k in enumerate(queues):
-        qlim, dlim, page, total, members, bc, waiting, qheld, qwhy = \
+        qlim, dlim, page, total, members, bc, waiting, qheld, qwhy, extra = \
             res[1 + _FIRST * j : 1 + _FIRST * (j + 1)]
+        total = _int(total) - _int(extra) if isinstance(total, int) else 0
         held_why = why_of(qwhy, qheld) if _state(qheld, now_ms)[1] > 0 else ""
         reserved = reserved_jobs(members, *(bc if isinstance(bc, list) else (0,)))
         uses: list[LimitUse] = []
@@ -175,7 +195,8 @@ def read(client: redis.Redis, queues: Sequence[QueueKeys], *, groups: int = WAIT
         if isinstance(page, list | tuple) and len(page) == 2 and isinstance(page[1], dict):
             for f, v in page[1].items():
                 name = _text(f)
-                lim = None if name in (QUEUE_FIELD, DEFAULT_FIELD) else _limit(name, v)
+                lim = None if name in (QUEUE_FIELD, DEFAULT_FIELD) or not is_limit_field(
+                    name) else _limit(name, v)
                 if lim is not None:
                     glims.append((name, lim))
         glims = sorted(glims, key=lambda x: x[1].group or "")[:limits]
@@ -184,13 +205,19 @@ def read(client: redis.Redis, queues: Sequence[QueueKeys], *, groups: int = WAIT
         rows = []
         if isinstance(waiting, list):
             rows = [(_text(g), float(s)) for g, s in waiting if _text(g) != QUEUE_FIELD]
-        firsts.append((k, uses, glims, _int(total), rows[:groups], held_why))
+        firsts.append((k, uses, glims, _int(total), rows[:groups], held_why,
+                       _int(extra) > 0))
 
     pipe = client.pipeline(transaction=False)
     asked = []
-    for k, _, glims, _, rows, _ in firsts:
+    for k, _, glims, _, rows, _, cal in firsts:
         names = list(dict.fromkeys([g for g, _ in rows] + [g for g, _ in glims]))
         asked.append(names)
+        if cal:
+            asked[-1] = names or [""]
+            cal_names = [QUEUE_FIELD, DEFAULT_FIELD] + [g for g, _ in glims]
+            pipe.hmget(k.limits, [g + CAL_SUFFIX for g in cal_names])
+            pipe.hmget(k.gstate, [f"{g}|{c}" for g in cal_names for c in _CODES])
         if names:
             pipe.hmget(k.gstate, [f"{g}:{c}" for g in names for c in ("n", "run", "why")])
         if glims:
@@ -199,9 +226,17 @@ def read(client: redis.Redis, queues: Sequence[QueueKeys], *, groups: int = WAIT
     res2 = pipe.execute(raise_on_error=False) if any(asked) else []
     out: dict[str, Flow] = {}
     i = 0
-    for (k, uses, glims, total, rows, held_why), names in zip(firsts, asked, strict=True):
+    for (k, uses, glims, total, rows, held_why, cal), names in zip(firsts, asked,
+                                                                    strict=True):
         counts: dict[str, tuple[int, int]] = {}
         whys: dict[str, str] = {}
+        quotas: dict[str, tuple[Limit | None, tuple[WindowUse, ...]]] = {}
+        if cal:
+            quotas = _quotas([QUEUE_FIELD, DEFAULT_FIELD] + [g for g, _ in glims],
+                             res2[i], res2[i + 1], now_ms)
+            i += 2
+            uses[:] = [_with_quota(u, quotas.get(u.limit.field)) for u in uses]
+            names = [n for n in names if n]
         if names:
             vals = res2[i]
             i += 1
@@ -222,8 +257,8 @@ def read(client: redis.Redis, queues: Sequence[QueueKeys], *, groups: int = WAIT
             state, until = _state(score, now_ms)
             if not state:
                 state = "ready" if rot is not None else "idle"
-            uses.append(LimitUse(lim, running=running, pending=pending, state=state,
-                                 until_s=until))
+            uses.append(_with_quota(LimitUse(lim, running=running, pending=pending,
+                                             state=state, until_s=until), quotas.get(g)))
         waiting = []
         for g, score in rows:
             pending, running = counts.get(g, (0, 0))
@@ -234,8 +269,49 @@ def read(client: redis.Redis, queues: Sequence[QueueKeys], *, groups: int = WAIT
     return out
 
 
-_FIRST = 9
+_FIRST = 10
 """Replies per queue in the first round trip."""
+
+_CODES = ("m", "h", "d", "M")
+
+
+def _quotas(names: list[str], cals: Any, counts: Any, now_ms: int
+            ) -> dict[str, tuple[Limit | None, tuple[WindowUse, ...]]]:
+    """Per limit field: its calendar quotas (a ``Limit`` holding only them) and their
+    use now, from its ``#c`` field and its ``gstate`` count fields."""
+    out: dict[str, tuple[Limit | None, tuple[WindowUse, ...]]] = {}
+    if not isinstance(cals, list) or not isinstance(counts, list):
+        return out
+    for n, (g, raw) in enumerate(zip(names, cals, strict=True)):
+        if raw is None:
+            continue
+        lim = with_calendar(Limit(rate_per_s=1.0), _text(raw))
+        if not lim.calendar:
+            continue
+        rows = []
+        for kind, most in lim.calendar.items():
+            code = calendars.KIND_CODE[kind]
+            used, end = windows.use_of(counts[4 * n + _CODES.index(code)], now_ms)
+            if end is None:
+                try:
+                    end = calendars.period_end(calendars.zone(lim.tz or "UTC"), code, now_ms)
+                except ValueError:
+                    continue
+            rows.append(WindowUse(None if g == QUEUE_FIELD else group_name(g), kind, used,
+                                  most, max(0.0, (end - now_ms) / 1000)))
+        out[g] = (lim, tuple(rows) if g != DEFAULT_FIELD else ())
+    return out
+
+
+def _with_quota(u: LimitUse, q: tuple[Limit | None, tuple[WindowUse, ...]] | None
+                ) -> LimitUse:
+    if q is None or q[0] is None:
+        return u
+    c = q[0]
+    lim = Limit(u.limit.group, u.limit.rate_per_s, u.limit.burst, u.limit.concurrency,
+                u.limit.max_pending, u.limit.weight, c.max_per_minute, c.max_per_hour,
+                c.max_per_day, c.max_per_month, c.tz)
+    return LimitUse(lim, u.running, u.pending, u.state, u.until_s, q[1])
 
 
 def _state(score: Any, now_ms: int) -> tuple[str, float]:
@@ -310,7 +386,8 @@ def merge(name: str, parts: Sequence[Flow], groups: int = WAITING_SHOWN) -> Flow
             keep = _busier(had, u)
             uses[u.limit.group] = LimitUse(
                 had.limit, running=_add(had.running, u.running),
-                pending=_add(had.pending, u.pending), state=keep.state, until_s=keep.until_s)
+                pending=_add(had.pending, u.pending), state=keep.state, until_s=keep.until_s,
+                windows=had.windows or u.windows)
     by_group: dict[str, GroupState] = {}
     for part in parts:
         for gs in part.waiting:  # a hold of a sharded queue's group is set on every shard

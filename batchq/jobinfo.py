@@ -22,13 +22,17 @@ from .keys import QueueKeys, split_shard
 
 __all__ = ["JobInfo", "ajob_info", "job_info", "progress_queue", "progress_record"]
 
+EXPIRED_KEEP_MS = 3_600_000
+"""How long an expired job (dropped unrun at its deadline) reads "expired": the "X" mark
+``_pop_reserve.lua``'s ``settle_dropped`` writes lives this long (EXPIRED_KEEP_MS there)."""
+
 
 @dataclass(frozen=True)
 class JobInfo:
     """What ``App.job_info`` returns. Times are Unix ms: ``enqueued_ms``, ``ready_ms``
     (its due time; a periodic job's tick), ``started_ms`` (the run that last reported
-    progress), ``finished_ms`` (dead, cancelled, or the end of a run that reported
-    progress), ``progress_at_ms`` (the last progress write)."""
+    progress), ``finished_ms`` (dead, cancelled, expired, or the end of a run that
+    reported progress), ``progress_at_ms`` (the last progress write)."""
 
     id: str
     state: str
@@ -93,6 +97,7 @@ def _reads(pipe: Any, k: QueueKeys, jid: str) -> Any:
     pipe.zscore(k.cancelled, jid)
     pipe.zscore(k.dead, jid)
     pipe.get(k.progress(jid))
+    pipe.zscore(k.expires, "~" + jid)
     return pipe
 
 
@@ -114,7 +119,7 @@ def _build(jid: str, state: str, data: bytes | None, k: QueueKeys | None,
     if k is None:
         return JobInfo(**f)
     f["queue"] = split_shard(k.queue)[0]
-    pending, inflight, meta, cancelled_ms, died_ms, progress = \
+    pending, inflight, meta, cancelled_ms, died_ms, progress, unmark_ms = \
         [None if isinstance(r, Exception) else r for r in replies]
     job = _entry(inflight, k.queue) or _entry(pending, k.queue)
     if state == "dead" and data is not None:
@@ -133,6 +138,8 @@ def _build(jid: str, state: str, data: bytes | None, k: QueueKeys | None,
         f["key"] = parts[2] or None if len(parts) > 2 else None
     if state == "cancelled":
         f["finished_ms"] = _int(cancelled_ms)
+    if state == "expired" and unmark_ms is not None:  # the drop's time + the mark's life
+        f["finished_ms"] = int(unmark_ms) - EXPIRED_KEEP_MS
     rec = progress_record(progress)
     if rec:
         value = rec.get("v")

@@ -43,6 +43,10 @@ Layout of one queue ``Q`` in namespace ``NS`` (``T`` = ``NS:{NS:Q}``)::
                                    ack_result.lua publishes only while it exists
     T:cancel                 hash  id -> "1": cancelled ready jobs still in their list;
                                    pop.lua drops them (and the field) when it pops them
+    T:expires                zset  "x<id>" / "k<id>" -> the deadline (ms) of a tracked job
+                                   with an expiry ("k": kept in dead once expired);
+                                   "~<id>" -> when to look again whether an expired
+                                   job's tombstone in T:cancel can go (pop.lua sweeps)
     T:cancelled              zset  id -> when it was cancelled (ms): the "cancelled"
                                    status, kept ``CANCEL_KEEP_MS`` (cancel.lua trims)
     T:result:<id>            string the msgpack return value of a task with
@@ -208,6 +212,7 @@ class QueueKeys:
     periodic: str = field(init=False)
     pending: str = field(init=False)
     cancel: str = field(init=False)
+    expires: str = field(init=False)
     cancelled: str = field(init=False)
     seq: str = field(init=False)
     """Counter handing out blocks of job sequence numbers (``reserve.lua``). Not in
@@ -236,7 +241,7 @@ class QueueKeys:
         )
         for name in ("delayed", "reserved", "bundles", "inflight", "dead", "wake", "paused",
                      "stats", "recovered", "started", "periodic", "pending", "cancel", "cancelled",
-                     "done", "seq", "waiting0", "waiting1", "waiting2", "waiting3",
+                     "expires", "done", "seq", "waiting0", "waiting1", "waiting2", "waiting3",
                      "waiters", "campaigns", "jobmeta", "dedup", "gready", "groups",
                      "gwait", "gstate", "limits", "idle", "replace", "evconf", "events"):
             object.__setattr__(self, name, f"{p}:{name}")
@@ -264,6 +269,7 @@ class QueueKeys:
             self.started,
             self.pending,
             self.cancel,
+            self.expires,
             self.cancelled,
             self.waiting0,
             self.waiting1,

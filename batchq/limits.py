@@ -21,6 +21,7 @@ from typing import Any
 
 import redis
 
+from . import calendars
 from .keys import QueueKeys
 from .scripts import SyncScripts, calls
 
@@ -91,6 +92,10 @@ class Limit:
     - ``max_pending``: a quota, groups only: jobs of the group not finished (waiting,
       delayed or running); an enqueue past it raises ``QuotaExceeded``.
     - ``weight``: a group's share of the turns (default 1; 3 = three times as many).
+    - ``max_per_minute``, ``max_per_hour``, ``max_per_day``, ``max_per_month``: job
+      starts per calendar period in the time zone ``tz`` (default UTC), counted exactly
+      across the fleet; a group past one waits, its jobs ready, until the period ends
+      (``batchq/calendars.py``, ``batchq/windows.py``).
     """
 
     group: str | None = None
@@ -99,6 +104,11 @@ class Limit:
     concurrency: int | None = None
     max_pending: int | None = None
     weight: float | None = None
+    max_per_minute: int | None = None
+    max_per_hour: int | None = None
+    max_per_day: int | None = None
+    max_per_month: int | None = None
+    tz: str | None = None
 
     def __post_init__(self) -> None:
         if self.group is not None and self.group != DEFAULT_GROUP:
@@ -108,10 +118,27 @@ class Limit:
         _number("concurrency", self.concurrency, MAX_COUNT)
         _number("max_pending", self.max_pending, MAX_COUNT)
         _number("weight", self.weight, MAX_WEIGHT, integer=False)
+        for kind in ("minute", "hour", "day", "month"):
+            _number(f"max_per_{kind}", getattr(self, f"max_per_{kind}"), MAX_COUNT)
+        if self.tz is not None:
+            calendars.zone(self.tz)
+            if not self.calendar:
+                raise ValueError("tz needs one of max_per_minute, max_per_hour, "
+                                 "max_per_day, max_per_month")
         if self.burst is not None and self.rate_per_s is None:
             raise ValueError("burst needs rate_per_s")
         if self.group is None and (self.max_pending is not None or self.weight is not None):
             raise ValueError("max_pending and weight are per group: give group=...")
+
+    @property
+    def calendar(self) -> dict[str, int]:
+        """The calendar quotas set, by window (``"minute"`` .. ``"month"``)."""
+        out = {}
+        for kind in calendars.KINDS:
+            v = getattr(self, f"max_per_{kind}")
+            if v is not None:
+                out[kind] = int(v)
+        return out
 
     @property
     def field(self) -> str:
@@ -156,6 +183,10 @@ class Limit:
             bits.append(f"max_pending {self.max_pending}")
         if self.weight is not None:
             bits.append(f"weight {self.weight:g}")
+        for kind, n in self.calendar.items():
+            bits.append(f"max {n}/{kind}")
+        if self.calendar:
+            bits.append(f"tz {self.tz or 'UTC'}")
         return " ".join(bits) or "no limit"
 
 
@@ -187,13 +218,21 @@ class GroupState:
     token, a slot, or unknown)."""
 
 
-def set_limit(r: redis.Redis, k: QueueKeys, limit: Limit) -> Limit:
-    """Store ``limit`` (replacing the one of the same queue or group); a worker's next
-    pop applies it. A group that waits for a slot is looked at again at once."""
+def set_limit(r: redis.Redis, k: QueueKeys, limit: Limit,
+              extra: dict[str, str | None] | None = None) -> Limit:
+    """Store ``limit`` (replacing the one of the same queue or group) and the ``extra``
+    fields of ``limits`` (None: delete; its calendar quotas, ``windows.set_limit``); a
+    worker's next pop applies it. A group that waits for a slot is looked at again."""
     if all(v is None for v in (limit.rate_per_s, limit.concurrency, limit.max_pending,
-                               limit.weight)):
-        raise ValueError("give at least one of rate_per_s, concurrency, max_pending, weight")
+                               limit.weight)) and not limit.calendar:
+        raise ValueError("give at least one of rate_per_s, concurrency, max_pending, weight, "
+                         "max_per_minute, max_per_hour, max_per_day, max_per_month")
     pipe = r.pipeline(transaction=False)
+    for f, v in (extra or {}).items():
+        if v is None:
+            pipe.hdel(k.limits, f)
+        else:
+            pipe.hset(k.limits, f, v)
     pipe.hset(k.limits, limit.field, limit.encode())
     if limit.group not in (None, DEFAULT_GROUP):
         pipe.zadd(k.gwait, {limit.field: 0}, xx=True)  # re-checked on the next pop
@@ -204,8 +243,9 @@ def set_limit(r: redis.Redis, k: QueueKeys, limit: Limit) -> Limit:
 
 def limits(r: redis.Redis, k: QueueKeys) -> list[Limit]:
     """Every limit of the queue: the queue's first, then ``"*"``, then groups by name."""
-    raw: dict[Any, Any] = r.hgetall(k.limits)
-    out = [Limit.decode(_text(f), _text(v)) for f, v in raw.items()]
+    raw = {_text(f): _text(v) for f, v in r.hgetall(k.limits).items()}
+    out = [with_calendar(Limit.decode(f, v), raw.get(f + CAL_SUFFIX))
+           for f, v in raw.items() if is_limit_field(f)]
     return sorted(out, key=lambda x: (x.group is not None, x.group != DEFAULT_GROUP,
                                       x.group or ""))
 
@@ -216,7 +256,7 @@ def remove_limit(r: redis.Redis, k: QueueKeys, group: str | None = None) -> bool
     f = (QUEUE_FIELD if group is None else DEFAULT_FIELD if group == DEFAULT_GROUP
          else group_hex(check_group(group)))
     pipe = r.pipeline(transaction=False)
-    pipe.hdel(k.limits, f)
+    pipe.hdel(k.limits, f, f + CAL_SUFFIX)
     if group not in (None, DEFAULT_GROUP):
         pipe.zadd(k.gwait, {f: 0}, xx=True)
     pipe.rpush(k.wake, "1")
@@ -224,6 +264,28 @@ def remove_limit(r: redis.Redis, k: QueueKeys, group: str | None = None) -> bool
     if group == DEFAULT_GROUP:
         _release_all_waiting(r, k)
     return bool(removed)
+
+
+CAL_SUFFIX = "#c"
+"""``<field>#c`` in ``limits``: that limit's calendar quotas, ``"<tz>|<m>|<h>|<d>|<M>"``."""
+
+
+def is_limit_field(f: str) -> bool:
+    """A field of ``limits`` that holds a limit (not a quota, window or boundary list)."""
+    return "#" not in f and not f.startswith("@")
+
+
+def with_calendar(lim: Limit, raw: str | None) -> Limit:
+    """``lim`` with the calendar quotas of its ``#c`` field (``None``: none)."""
+    if not raw:
+        return lim
+    parts = (raw.split("|") + [""] * 5)[:5]
+    m, h, d, mo = (int(p) if p.isdigit() and int(p) > 0 else None for p in parts[1:])
+    try:
+        return Limit(lim.group, lim.rate_per_s, lim.burst, lim.concurrency, lim.max_pending,
+                     lim.weight, m, h, d, mo, parts[0] or None)
+    except (TypeError, ValueError):
+        return lim
 
 
 def _release_all_waiting(r: redis.Redis, k: QueueKeys, chunk: int = 1000) -> None:

@@ -20,7 +20,6 @@ name) so fencing tokens never go backwards.
 
 from __future__ import annotations
 
-import asyncio
 import random
 import secrets
 import time
@@ -28,8 +27,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import redis
-import redis.asyncio
 
+from ._twins import Core, Script, Sleep, arun, run
 from .durations import check_ms, check_seconds
 from .errors import LockLost, LockNotAcquired
 from .keys import lock_keys
@@ -110,148 +109,128 @@ class Lock:
         t = secrets.token_hex(16)
         return f"{self.owner}/{t}" if self.owner else t
 
-    # --- sync ---------------------------------------------------------------------------
+    # --- the cores: one acquire, release and extend for both shells ------------------
 
-    def _call(self, c: calls.Call) -> Any:
-        run = self.clients.sync_scripts.call
+    def _retrying(self, c: calls.Call) -> Core[Any]:
+        """One call, retried while the connection fails (every lock script is
+        idempotent for its token)."""
         for pause in RETRY_DELAYS_S:
             try:
-                return run(c)
+                return (yield Script(self.clients, c))
             except _RETRY_ERRORS:
-                time.sleep(pause)
-        return run(c)
+                yield Sleep(pause)
+        return (yield Script(self.clients, c))
 
-    def acquire(self) -> int:
-        """Take the lock, waiting up to ``blocking_timeout_s``; returns the fence."""
+    def _trying(self) -> Core[tuple[bool, int, int]]:
         self._check_not_held()
         token = self._new_token()
-        deadline = None if self.blocking_timeout_s is None \
-            else time.monotonic() + self.blocking_timeout_s
-        pause = WAIT_MIN_S
-        while True:
-            fence, _, ttl_ms = self._call(calls.lock_acquire(self.keys, token, self.ttl_ms))
-            if fence:
-                return self._took(token, int(fence))
-            sleep_s = self._next_pause(pause, int(ttl_ms), deadline)
-            if sleep_s is None:
-                raise self._not_acquired()
-            time.sleep(sleep_s)
-            pause = min(pause * 2, WAIT_MAX_S)
-
-    def release(self) -> None:
-        """Let the lock go. Raises ``LockLost`` when it had expired or changed hands."""
-        token = self._require_held()
-        hit_error = False
-        freed = 0
-        for pause in (*RETRY_DELAYS_S, None):
-            try:
-                freed = self.clients.sync_scripts.call(calls.lock_release(self.keys, token))
-                break
-            except _RETRY_ERRORS:
-                if pause is None:
-                    raise  # the token stays: release() may be called again; else the TTL
-                hit_error = True
-                time.sleep(pause)
-        self._released(freed, hit_error)
-
-    def extend(self, ttl_s: float | None = None) -> None:
-        """Reset the lease to ``ttl_s`` (default: the lock's ``ttl_s``) from now, if this
-        object still holds the lock; raises ``LockLost`` if it does not."""
-        token = self._require_held()
-        ttl_ms = self.ttl_ms if ttl_s is None else _ms(ttl_s, "ttl_s")
-        ok, _ = self._call(calls.lock_extend(self.keys, token, ttl_ms))
-        self._extended(int(ok))
-
-    def __enter__(self) -> Lock:
-        self.acquire()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        if exc is None:
-            self.release()
-            return
-        try:
-            self.release()
-        except LockLost as lost:  # the body's own error matters more; keep both visible
-            exc.add_note(str(lost))
-
-    # --- asyncio ------------------------------------------------------------------------
-
-    async def _acall(self, c: calls.Call) -> Any:
-        for pause in RETRY_DELAYS_S:
-            try:
-                return await self.clients.async_scripts().call(c)
-            except _RETRY_ERRORS:
-                await asyncio.sleep(pause)
-        return await self.clients.async_scripts().call(c)
-
-    async def try_aacquire(self) -> tuple[bool, int, int]:
-        """One non-blocking try: ``(acquired, server_now_ms, holder_ttl_ms)``. For loops
-        that wait in their own way (the periodic scheduler)."""
-        self._check_not_held()
-        token = self._new_token()
-        fence, now_ms, ttl_ms = await self._acall(
+        fence, now_ms, ttl_ms = yield from self._retrying(
             calls.lock_acquire(self.keys, token, self.ttl_ms))
         if fence:
             self._took(token, int(fence))
         return bool(fence), int(now_ms), int(ttl_ms)
 
-    async def aacquire(self) -> int:
-        """``acquire`` for asyncio code."""
+    def _acquiring(self) -> Core[int]:
         self._check_not_held()
         deadline = None if self.blocking_timeout_s is None \
             else time.monotonic() + self.blocking_timeout_s
         pause = WAIT_MIN_S
         while True:
-            ok, _, ttl_ms = await self.try_aacquire()
+            ok, _, ttl_ms = yield from self._trying()
             if ok:
                 assert self.fence is not None
                 return self.fence
             sleep_s = self._next_pause(pause, ttl_ms, deadline)
             if sleep_s is None:
                 raise self._not_acquired()
-            await asyncio.sleep(sleep_s)
+            yield Sleep(sleep_s)
             pause = min(pause * 2, WAIT_MAX_S)
 
-    async def arelease(self) -> None:
-        """``release`` for asyncio code."""
+    def _releasing(self) -> Core[None]:
         token = self._require_held()
         hit_error = False
         freed = 0
         for pause in (*RETRY_DELAYS_S, None):
             try:
-                freed = await self.clients.async_scripts().call(
-                    calls.lock_release(self.keys, token))
+                freed = yield Script(self.clients, calls.lock_release(self.keys, token))
                 break
             except _RETRY_ERRORS:
                 if pause is None:
-                    raise
+                    raise  # the token stays: release() may be called again; else the TTL
                 hit_error = True
-                await asyncio.sleep(pause)
+                yield Sleep(pause)
         self._released(freed, hit_error)
+
+    def _extending(self, ttl_s: float | None) -> Core[int]:
+        token = self._require_held()
+        ttl_ms = self.ttl_ms if ttl_s is None else _ms(ttl_s, "ttl_s")
+        ok, now_ms = yield from self._retrying(calls.lock_extend(self.keys, token, ttl_ms))
+        self._extended(int(ok))
+        return int(now_ms)
+
+    # --- sync and asyncio shells --------------------------------------------------------
+
+    def acquire(self) -> int:
+        """Take the lock, waiting up to ``blocking_timeout_s``; returns the fence."""
+        return run(self._acquiring())
+
+    def release(self) -> None:
+        """Let the lock go. Raises ``LockLost`` when it had expired or changed hands."""
+        run(self._releasing())
+
+    def extend(self, ttl_s: float | None = None) -> None:
+        """Reset the lease to ``ttl_s`` (default: the lock's ``ttl_s``) from now, if this
+        object still holds the lock; raises ``LockLost`` if it does not."""
+        run(self._extending(ttl_s))
+
+    async def try_aacquire(self) -> tuple[bool, int, int]:
+        """One non-blocking try: ``(acquired, server_now_ms, holder_ttl_ms)``. For loops
+        that wait in their own way (the periodic scheduler)."""
+        return await arun(self._trying())
+
+    async def aacquire(self) -> int:
+        """``acquire`` for asyncio code."""
+        return await arun(self._acquiring())
+
+    async def arelease(self) -> None:
+        """``release`` for asyncio code."""
+        await arun(self._releasing())
 
     async def aextend(self, ttl_s: float | None = None) -> int:
         """``extend`` for asyncio code; returns the server time (ms) of the extend."""
-        token = self._require_held()
-        ttl_ms = self.ttl_ms if ttl_s is None else _ms(ttl_s, "ttl_s")
-        ok, now_ms = await self._acall(calls.lock_extend(self.keys, token, ttl_ms))
-        self._extended(int(ok))
-        return int(now_ms)
+        return await arun(self._extending(ttl_s))
+
+    def __enter__(self) -> Lock:
+        self.acquire()
+        return self
 
     async def __aenter__(self) -> Lock:
         await self.aacquire()
         return self
 
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._exited(exc, run(self._leaving()))
+
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
-        if exc is None:
-            await self.arelease()
-            return
+        self._exited(exc, await arun(self._leaving()))
+
+    def _leaving(self) -> Core[LockLost | None]:
+        """Release on leaving a block; a ``LockLost`` is returned for ``_exited``."""
         try:
-            await self.arelease()
+            yield from self._releasing()
         except LockLost as lost:
-            exc.add_note(str(lost))
+            return lost
+        return None
+
+    @staticmethod
+    def _exited(exc: BaseException | None, lost: LockLost | None) -> None:
+        if lost is None:
+            return
+        if exc is None:
+            raise lost
+        exc.add_note(str(lost))  # the body's own error matters more; keep both visible
 
     # --- shared bookkeeping -------------------------------------------------------------
 

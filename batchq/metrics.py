@@ -32,28 +32,25 @@ from collections.abc import Iterable, Iterator
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import flow_metrics, periodic, shards, stats
+from . import flow_metrics, shards, stats
 from .clients import Clients
 from .keys import SHARD_SEP
 
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
 
-    from .task import Task
-
 
 class HasClients(Protocol):
-    """What the metrics need of an app (``App`` is one): its clients, namespace and
-    tasks (the periodic ones' schedules)."""
+    """What the metrics need of an app (``App`` is one): its clients and namespace,
+    never its task registry. What is read through the registry (campaigns, periodic
+    tasks, circuit breakers) comes as collectors from the caller
+    (``supervisor_metrics.app_collectors``)."""
 
     @property
     def clients(self) -> Clients: ...
 
     @property
     def namespace(self) -> str: ...
-
-    @property
-    def tasks(self) -> dict[str, Task[..., Any]]: ...
 
 log = logging.getLogger("batchq.metrics")
 
@@ -310,8 +307,7 @@ def bump(d: dict[Any, int], key: Any, n: int = 1) -> None:
 class QueueCollector:
     """Queue depths, ages and enqueue counts, read from Redis once per scrape, the
     flow-control gauges (``flow_metrics``: grouped jobs, groups by state, holds, and the
-    use of each limit, bounded per queue), and the periodic tasks' last and next runs
-    (``periodic.periodic_metrics``).
+    use of each limit, bounded per queue).
 
     Never drops a scrape over data: a malformed name in the registry of queues is
     skipped and counted (``batchq_queue_names_malformed``), and a ready list whose head
@@ -350,6 +346,9 @@ class QueueCollector:
             "idle on the queue (the wake-up carried the job)", labels=["queue"])
         cancelled = CounterMetricFamily("batchq_jobs_cancelled", "Jobs cancelled before they "
                                         "started, counted as they are dropped", labels=["queue"])
+        expired = CounterMetricFamily("batchq_jobs_expired", "Jobs past their expiry "
+                                      "(expires_s / expires_at) dropped before they started",
+                                      labels=["queue"])
         up = GaugeMetricFamily("batchq_redis_up", "1 if the scrape could read Redis")
         c = self.app.clients
         try:
@@ -373,23 +372,19 @@ class QueueCollector:
             lag.add_metric([name], snap.delayed_lag_s)
             paused.add_metric([name], 1 if st.paused else 0)
             malformed.add_metric([name], len(st.malformed_heads))
-            for fam, o in ((enq, "enqueued"), (handed, "handed"), (cancelled, "cancelled")):
+            for fam, o in ((enq, "enqueued"), (handed, "handed"), (cancelled, "cancelled"),
+                           (expired, "expired")):
                 fam.add_metric([name], snap.outcomes[o])
             for outcome in ("succeeded", "dead", "retried"):
                 done.add_metric([name, outcome], snap.outcomes[outcome])
-        yield from (jobs, age, lag, paused, malformed, enq, handed, cancelled, done, bad_names, up)
+        yield from (jobs, age, lag, paused, malformed, enq, handed, cancelled, expired, done,
+                    bad_names, up)
         yield from flow_metrics.queue_families(snaps)
         try:  # limits and the groups that wait; never at the cost of the above
             fams = flow_metrics.limit_families(c.redis, {
                 s.name: [c.keys(x) for x in shards.names(s.name, s.shards)] for s in snaps})
         except Exception as exc:
             log.warning("cannot read the flow-control metrics from Redis: %s", exc)
-        else:
-            yield from fams
-        try:  # the periodic tasks' last and next runs; never at the cost of the above
-            fams = periodic.periodic_metrics(self.app)
-        except Exception as exc:
-            log.warning("cannot read the periodic tasks' metrics from Redis: %s", exc)
         else:
             yield from fams
 
@@ -444,49 +439,17 @@ def write_supervisor_state(directory: str, processes: int, restarts: dict[str, i
     os.replace(tmp, path)
 
 
-class CampaignCollector:
-    """Jobs by campaign and state (total, pending, succeeded, dead, cancelled) for
-    campaigns running or finished in the last hour: at most ``CAMPAIGN_SERIES`` of them,
-    so the label set stays bounded whatever the producers do."""
-
-    def __init__(self, app: HasClients) -> None:
-        self.app = app
-
-    def collect(self) -> Iterable[Any]:
-        from prometheus_client.core import GaugeMetricFamily
-
-        from . import campaign
-
-        jobs = GaugeMetricFamily("batchq_campaign_jobs", "Jobs of a campaign by state",
-                                 labels=["campaign", "state"])
-        done = GaugeMetricFamily("batchq_campaign_done", "1 once the campaign completed",
-                                 labels=["campaign"])
-        try:
-            recent = campaign.recent(self.app.clients, limit=CAMPAIGN_SERIES)
-        except Exception as exc:  # the queue gauges still answer
-            log.warning("cannot read campaign metrics from Redis: %s", exc)
-            return
-        for st in recent:
-            for state in ("total", "pending", "succeeded", "dead", "cancelled"):
-                jobs.add_metric([st.id, state], getattr(st, state))
-            done.add_metric([st.id], 1 if st.done else 0)
-        yield from (jobs, done)
-
-
-CAMPAIGN_SERIES = 50
-"""Campaigns exported at most (each: 5 job series and a done flag)."""
-
-
-def build_registry(app: HasClients, multiproc_dir: str | None) -> Any:
+def build_registry(app: HasClients, multiproc_dir: str | None,
+                   extra: Iterable[Collector] = ()) -> Any:
     """A registry for one scrape: process metrics (multiprocess-aggregated when a
-    directory is given), queue state from Redis, supervisor counts, build info."""
+    directory is given), queue state from Redis, supervisor counts, build info, and the
+    ``extra`` collectors (what the app's registry knows: campaigns, periodic tasks,
+    circuit breakers)."""
     from prometheus_client import CollectorRegistry
     from prometheus_client import multiprocess as mp
 
     registry = CollectorRegistry()
-    from .breaker import BreakerCollector
-    collectors: list[Collector] = [QueueCollector(app), CampaignCollector(app),
-                                   BuildInfoCollector(), BreakerCollector(app)]
+    collectors: list[Collector] = [QueueCollector(app), BuildInfoCollector(), *extra]
     if multiproc_dir:
         mp.MultiProcessCollector(registry, path=multiproc_dir)  # type: ignore[no-untyped-call]
         collectors.append(SupervisorCollector(os.path.join(multiproc_dir, SUPERVISOR_FILE)))

@@ -22,8 +22,9 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import Any
 
 from .connlimit import REFUSAL, ConnectionGate, accept_batch, deepen, max_connections_from
 from .metrics import HasClients, build_registry
@@ -88,7 +89,7 @@ class MetricsServer:
 
     def __init__(self, app: HasClients, addr: str, port: int, *,
                  multiproc_dir: str | None, parent_pid: int | None,
-                 max_connections: int | None = None) -> None:
+                 max_connections: int | None = None, collectors: Iterable[Any] = ()) -> None:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         self._app = app
@@ -104,9 +105,10 @@ class MetricsServer:
                                           backlog=self._backlog)
         self.server_address: tuple[str, int] = self._sock.getsockname()[:2]
         self._pool = ThreadPoolExecutor(4, thread_name_prefix="batchq-metrics-io")
-        single = None if multiproc_dir else build_registry(app, None)
+        extra = list(collectors)
+        single = None if multiproc_dir else build_registry(app, None, extra)
         self._scrape = SharedScrape(lambda: generate_latest(
-            single or build_registry(app, multiproc_dir)), self._pool)
+            single or build_registry(app, multiproc_dir, extra)), self._pool)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._stopped = threading.Event()
@@ -195,18 +197,22 @@ _REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed",
 
 
 def make_server(app: HasClients, addr: str, port: int, *, multiproc_dir: str | None,
-                parent_pid: int | None, max_connections: int | None = None) -> MetricsServer:
+                parent_pid: int | None, max_connections: int | None = None,
+                collectors: Iterable[Any] = ()) -> MetricsServer:
     """An HTTP server for /metrics, /healthz (the supervisor is alive) and /readyz
     (Redis answers). ``max_connections``: open connections at most (default
-    ``$BATCHQ_METRICS_MAX_CONNECTIONS``, else derived from the file limit)."""
+    ``$BATCHQ_METRICS_MAX_CONNECTIONS``, else derived from the file limit); ``collectors``:
+    read at every scrape besides the queues' (``supervisor_metrics.app_collectors``)."""
     return MetricsServer(app, addr, port, multiproc_dir=multiproc_dir, parent_pid=parent_pid,
-                         max_connections=max_connections)
+                         max_connections=max_connections, collectors=collectors)
 
 
-def serve_in_thread(app: HasClients, addr: str, port: int) -> MetricsServer | None:
+def serve_in_thread(app: HasClients, addr: str, port: int,
+                    collectors: Iterable[Any] = ()) -> MetricsServer | None:
     """Single-process mode: serve from a daemon thread of the worker itself."""
     try:
-        server = make_server(app, addr, port, multiproc_dir=None, parent_pid=None)
+        server = make_server(app, addr, port, multiproc_dir=None, parent_pid=None,
+                             collectors=collectors)
     except OSError as exc:
         log.warning("metrics server not started on %s:%d: %s", addr, port, exc)
         return None

@@ -7,11 +7,12 @@ re-exports these names) to keep each module small.
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from . import codec, tracked
+from . import codec, tracked, windows
 from .durations import MAX_DURATION_S, check_seconds
 from .keys import MAX_PRIORITY, QueueKeys
 from .limits import check_group
@@ -99,6 +100,12 @@ class EnqueueOptions:
     timeout_s: float | None = None
     on_conflict: str | None = None
     min_replicas: int | None = None
+    not_before: datetime | float | None = None
+    window: str | None = None
+    tz: str | None = None
+    expires_s: float | None = None
+    expires_at: datetime | float | None = None
+    keep_expired: bool | None = None
 
     def __post_init__(self) -> None:
         # every check names the option: a wrong value must never reach the worker
@@ -128,6 +135,30 @@ class EnqueueOptions:
             codec.check_int("min_replicas", self.min_replicas, 0, 100)
         if self.on_conflict is not None:
             check_on_conflict(self.on_conflict)
+        if (self.expires_s is not None or self.expires_at is not None
+                or self.keep_expired is not None):
+            check_expiry(self.expires_s, self.expires_at, self.keep_expired)
+        if self.not_before is not None or self.window is not None or self.tz is not None:
+            self._send_time()
+
+    def _send_time(self) -> None:
+        """``not_before`` is ``eta``; a per-job ``window`` (``"09:00-20:00"``, optionally
+        followed by days: ``"09:00-20:00 mon-fri"``) in ``tz`` becomes the ``eta`` of its
+        next opening from now (or from ``eta`` / ``delay_s``): the job is a delayed one,
+        resolved by this process's clock when the options are made."""
+        if self.not_before is not None:
+            if self.eta is not None or self.delay_s is not None:
+                raise ValueError("give one of not_before, eta, delay_s")
+            object.__setattr__(self, "eta", eta_seconds(self.not_before))
+            object.__setattr__(self, "not_before", None)
+        if self.window is None:
+            if self.tz is not None:
+                raise ValueError("tz needs window=...")
+            return
+        start = (eta_seconds(self.eta) if self.eta is not None
+                 else time.time() + (self.delay_s or 0.0))
+        object.__setattr__(self, "eta", windows.next_opening(self.window, self.tz, start))
+        object.__setattr__(self, "delay_s", None)
 
     def merged(self, other: EnqueueOptions) -> EnqueueOptions:
         """These options with the fields ``other`` sets taking precedence."""
@@ -149,6 +180,14 @@ class EnqueueOptions:
             else self.on_conflict,
             min_replicas=other.min_replicas if other.min_replicas is not None
             else self.min_replicas,
+            window=other.window if other.window is not None else self.window,
+            tz=other.tz if other.tz is not None else self.tz,
+            expires_s=other.expires_s if other.expires_s is not None
+            else (None if other.expires_at is not None else self.expires_s),
+            expires_at=other.expires_at if other.expires_at is not None
+            else (None if other.expires_s is not None else self.expires_at),
+            keep_expired=other.keep_expired if other.keep_expired is not None
+            else self.keep_expired,
         )
 
 
@@ -158,3 +197,40 @@ def check_on_conflict(value: object) -> str:
         raise ValueError(f"on_conflict must be one of {', '.join(ON_CONFLICT)}, got "
                          f"{value!r}")
     return str(value)
+
+
+def check_expiry(expires_s: object, expires_at: object, keep_expired: object) -> None:
+    """``expires_s`` (seconds from the write, > 0) or ``expires_at`` (a ``datetime`` or
+    Unix seconds, not in the past by this process's clock), not both; ``keep_expired`` a
+    bool that needs one of them. Errors name the option; nothing is written."""
+    if expires_s is not None and expires_at is not None:
+        raise ValueError("give expires_s or expires_at, not both")
+    if expires_s is not None:
+        check_seconds("expires_s", expires_s, positive=True, max_s=MAX_DELAY_S)
+    if expires_at is not None:
+        try:
+            at = eta_seconds(expires_at)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(str(exc).replace("eta", "expires_at")) from None
+        if at <= time.time():
+            raise ValueError(f"expires_at {expires_at!r} is in the past: the job could "
+                             "never run")
+    if keep_expired is not None:
+        if not isinstance(keep_expired, bool):
+            raise TypeError(f"keep_expired must be a bool, got {keep_expired!r}")
+        if expires_s is None and expires_at is None:
+            raise ValueError("keep_expired needs expires_s or expires_at")
+
+
+def expiry_spec(expires_s: float | None, expires_at: datetime | float | None,
+                keep: bool | None) -> str:
+    """The expiry as enqueue_tracked.lua reads it: ``"r<ms>"`` (from the server's now at
+    the write) or ``"a<Unix ms>"``, then ``"k"`` to keep the job in dead once expired;
+    "" for none."""
+    if expires_s is not None:
+        spec = f"r{max(1, round(expires_s * 1000))}"
+    elif expires_at is not None:
+        spec = f"a{round(eta_seconds(expires_at) * 1000)}"
+    else:
+        return ""
+    return spec + ("k" if keep else "")

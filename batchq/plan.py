@@ -18,7 +18,15 @@ from .durations import check_seconds
 from .errors import PayloadTooLarge
 from .keys import QueueKeys
 from .limits import check_group, group_hex
-from .options import MAX_DELAY_S, _check_queue, _check_seconds, check_on_conflict, eta_seconds
+from .options import (
+    MAX_DELAY_S,
+    _check_queue,
+    _check_seconds,
+    check_expiry,
+    check_on_conflict,
+    eta_seconds,
+    expiry_spec,
+)
 from .scripts import calls
 from .seqs import entry_runs
 
@@ -57,6 +65,9 @@ class Plan:
     (``options.ON_CONFLICT``; enqueue_tracked.lua)."""
     min_replicas: int | None = None
     """Replicas that must confirm each write (``replicas.py``); None: the app's."""
+    expiry: str = ""
+    """The jobs' expiry (``options.expiry_spec``), "" for none: an expiring job is
+    tracked, and its deadline is written to the queue's ``expires`` zset."""
 
     @property
     def target(self) -> str:
@@ -113,7 +124,7 @@ class Plan:
             c = calls.enqueue_tracked(self.keys, p, mode, when, self.campaign or "",
                                       self.key_ttl_ms, tracked.TRIM_CHUNK, entries,
                                       check=check, on_conflict=self.on_conflict,
-                                      scan=tracked.REPLACE_SCAN)
+                                      scan=tracked.REPLACE_SCAN, expiry=self.expiry)
             return c.keys, c.args
         runs = entry_runs(self.head, entries) if self.due is None else ""
         if self.group:
@@ -130,12 +141,15 @@ def plan(src: PlanSource, task: str, queue: str, priority: int, max_attempts: in
          delay_s: float | None, eta: datetime | float | None, *,
          campaign: str | None = None, key_ttl_s: float | None = None,
          keyed: bool = False, group: str | None = None, timeout_s: float | None = None,
-         on_conflict: str | None = None) -> Plan:
+         on_conflict: str | None = None, expires_s: float | None = None,
+         expires_at: datetime | float | None = None, keep_expired: bool | None = None,
+         ) -> Plan:
     """Resolve one enqueue call's target and header; refuses (naming the option) any
     value the scripts or the worker could not handle. ``campaign`` / ``keyed`` (dedup
     keys given) make the jobs tracked; ``group``: the jobs' group (flow control);
     ``timeout_s``: each job's own timeout; ``on_conflict``: what a held key does
-    (``options.ON_CONFLICT``)."""
+    (``options.ON_CONFLICT``); ``expires_s`` / ``expires_at``: a job not started by then
+    never runs (tracked; ``keep_expired``: kept in dead as ``expired``)."""
     due: tuple[str, int] | None = None
     if delay_s is not None and _check_seconds("delay_s", delay_s, MAX_DELAY_S) > 0:
         due = ("rel", round(delay_s * 1000))
@@ -151,6 +165,8 @@ def plan(src: PlanSource, task: str, queue: str, priority: int, max_attempts: in
     if mode == "debounce" and due is None:
         raise ValueError("on_conflict='debounce' needs delay_s (or eta): the job starts "
                          "that long after the latest call")
+    check_expiry(expires_s, expires_at, keep_expired)
+    expiry = expiry_spec(expires_s, expires_at, keep_expired)
     opts = None
     if timeout_s is not None:
         opts = {"timeout_s": check_seconds("timeout_s", timeout_s, positive=True)}
@@ -158,4 +174,4 @@ def plan(src: PlanSource, task: str, queue: str, priority: int, max_attempts: in
                  task, due, src.max_payload_bytes, codec.queue_ref(queue),
                  None if campaign is None else tracked.check_campaign_id(campaign),
                  round(ttl_s * 1000), "" if group is None else group_hex(check_group(group)),
-                 campaign is not None or keyed, opts, mode)
+                 campaign is not None or keyed or expiry != "", opts, mode, expiry=expiry)

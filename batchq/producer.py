@@ -11,9 +11,11 @@ and writes nothing if the earlier try had landed, so a reconnect never doubles a
 
 Everything the worker could not run is refused here, before anything is written, with a
 message naming the option or argument (``EnqueueOptions``, ``plan``, ``codec.header``,
-``codec.encode_body``). The retry loop and the ``enqueue_many`` stream are I/O-free cores
-(``_tries``, ``stream.Stream``) with a thin sync and a thin asyncio shell each. The producer
-takes the app's ``Clients`` and never imports ``app``.
+``codec.encode_body``). The writes are I/O-free cores (``_twins``: ``_one``, ``_many``,
+``_with_retry``, ``_write_tracked``; the chunking is ``stream.Stream``) with a thin sync
+and a thin asyncio shell each; only the pipelined window differs (``_InFlight`` on a
+helper thread, ``_send_async`` on the loop). The producer takes the app's ``Clients``
+and never imports ``app``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import redis
 import redis.asyncio
 
 from . import replicas, tracked
+from ._twins import Core, Do, Local, Sleep, arun, run
 from .clients import Clients
 from .durable import durability as _durability
 from .durable import named as _named
@@ -89,17 +92,15 @@ def _unreachable(p: Plan, last: BaseException | None, n: int) -> EnqueueError:
     return EnqueueError(f"cannot reach Redis to enqueue {p.task}: {last}", unknown=n)
 
 
-# --- sync ------------------------------------------------------------------------------
-
-
-def _with_retry_sync(c: Clients, p: Plan, entries: list[bytes]) -> Any:
+def _with_retry(c: Clients, p: Plan, entries: list[bytes]) -> Core[Any]:
+    """One write, retried in check mode while the connection fails."""
     last: BaseException | None = None
     for pause, keys, args in _tries(c, p, entries):
         if pause:
-            time.sleep(pause)
+            yield Sleep(pause)
         try:
-            c.register_queue(p.keys.queue)  # once per process; retried like the write
-            return _quota_checked(p, _write_sync(c, p, keys, args))
+            yield from c.registering(p.keys.queue)  # once per process; retried like the write
+            return _quota_checked(p, (yield Do(_write_sync, _write_async, c, p, keys, args)))
         except _RETRY_WRITE_ERRORS as exc:
             last = exc
         except redis.ResponseError as exc:  # e.g. OOM: the script did not run
@@ -107,15 +108,18 @@ def _with_retry_sync(c: Clients, p: Plan, entries: list[bytes]) -> Any:
     raise _unreachable(p, last, len(entries)) from last
 
 
-def _write_tracked_sync(c: Clients, p: Plan, ids: list[str], entries: list[bytes]
-                        ) -> list[str]:
-    """One tracked write (joining the campaign to the queue first, once per process)."""
+def _write_tracked(c: Clients, p: Plan, ids: list[str], entries: list[bytes]
+                   ) -> Core[list[str]]:
+    """One tracked write (joining the campaign to the queue first, once per process;
+    tracked jobs skip the ``aenqueue`` coalescer)."""
     for again in (False, True):
         closed = None
         if p.campaign is not None:
-            closed = tracked.join(c, p.campaign, p.keys.queue, keyed=tracked.keyed(entries))
+            closed = yield from tracked.joining(c, p.campaign, p.keys.queue,
+                                                keyed=tracked.keyed(entries))
         try:
-            return tracked.ids_of(p.campaign, ids, _with_retry_sync(c, p, entries), closed)
+            return tracked.ids_of(p.campaign, ids, (yield from _with_retry(c, p, entries)),
+                                  closed)
         except NotReplicated as exc:
             raise _named(exc, ids) from None
         except tracked.NotJoined:
@@ -124,6 +128,79 @@ def _write_tracked_sync(c: Clients, p: Plan, ids: list[str], entries: list[bytes
                 raise CampaignClosed(p.campaign or "", f"campaign {p.campaign!r} is not "
                                      f"open on queue {p.keys.queue!r}") from None
     raise AssertionError("unreachable")
+
+
+def _prepare(c: Clients, rest: Window) -> Core[dict[str, CampaignClosed]]:
+    """Before a pipelined window: register each shard it writes to (and join a campaign
+    to it), once per process, as the single call does for its own queue. Returns, by
+    queue, a closed campaign that may still answer held keys (``tracked.join``)."""
+    closed = {}
+    for cp in {cp.keys.queue: cp for cp, _, _ in rest}.values():
+        yield from c.registering(cp.keys.queue)
+        if cp.campaign is not None:
+            shut = yield from tracked.joining(c, cp.campaign, cp.keys.queue,
+                                              keyed=_keyed(rest, cp.keys.queue))
+            if shut is not None:
+                closed[cp.keys.queue] = shut
+    return closed
+
+
+def _keyed(rest: Window, queue: str) -> bool:
+    return all(tracked.keyed(entries) for cp, _, entries in rest if cp.keys.queue == queue)
+
+
+class _Flush(Local):
+    """Record the window on the wire, if any (the sync shell has one in flight)."""
+
+    __slots__ = ()
+
+
+class _Send(Local):
+    """Write a pipelined window (``closed``: from ``_prepare``)."""
+
+    __slots__ = ("closed", "rest")
+
+    def __init__(self, rest: Window, closed: dict[str, CampaignClosed]) -> None:
+        self.rest, self.closed = rest, closed
+
+
+_FLUSH = _Flush()
+
+
+def _many(c: Clients, st: Stream, items: Iterable[Any]) -> Core[list[str]]:
+    """The core of ``enqueue_many`` / ``aenqueue_many``: each window's single call goes
+    through ``_with_retry`` here, its pipelined rest to the shell (``_Send``)."""
+    steps = st.steps(items)
+    while True:
+        try:
+            step = next(steps, None)  # encodes while the previous window is on the wire
+        except (TypeError, ValueError) as exc:  # an item that cannot be encoded
+            yield _FLUSH
+            exc.written = len(st.written)  # type: ignore[union-attr]
+            raise
+        yield _FLUSH
+        if step is None:
+            return st.written
+        single, rest = step
+        if single is not None:
+            sp, chunk_ids = single[0], single[1]
+            try:
+                if sp.tracked:
+                    st.tracked(chunk_ids, (yield from _write_tracked(c, sp, *single[1:])))
+                else:
+                    yield from _with_retry(c, sp, single[2])
+                    st.written.extend(chunk_ids)
+            except NotReplicated as exc:
+                raise _named(exc, chunk_ids, st.written) from None
+            except QuotaExceeded:
+                _quota_checked(sp, -2, st.written)
+            except EnqueueError as exc:
+                raise st.failed(exc) from exc.__cause__
+        if rest:
+            yield _Send(rest, (yield from _prepare(c, rest)))
+
+
+# --- sync ------------------------------------------------------------------------------
 
 
 def enqueue(c: Clients, p: Plan, args: Any, kwargs: Mapping[str, Any],
@@ -138,13 +215,23 @@ def _enqueue(c: Clients, p: Plan, args: Any, kwargs: Mapping[str, Any],
              key: str | None = None) -> str:
     jid, e = p.entry(args, kwargs, int(time.time() * 1000),
                      SeqSource(c, p.keys) if p.due is None else None)
+    return run(_one(c, p, jid, e, key))
+
+
+def _one(c: Clients, p: Plan, jid: str, e: bytes, key: str | None) -> Core[str]:
+    """The write of one job, ``enqueue`` / ``aenqueue`` (plain jobs of asyncio code go
+    through the coalescer, tracked ones never)."""
     if p.tracked:
-        return _write_tracked_sync(c, p, [jid], [e, (key or "").encode()])[0]
+        return (yield from _write_tracked(c, p, [jid], [e, (key or "").encode()]))[0]
     try:
-        _with_retry_sync(c, p, [e])
+        yield Do(_put, _aput, c, p, e)
     except NotReplicated as exc:
         raise _named(exc, [jid]) from None
     return jid
+
+
+def _put(c: Clients, p: Plan, e: bytes) -> None:
+    run(_with_retry(c, p, [e]))
 
 
 class _InFlight:
@@ -159,8 +246,8 @@ class _InFlight:
         self._closed: dict[str, CampaignClosed] = {}
         self._durable: tuple[Clients, replicas.Durability] | None = None
 
-    def send(self, c: Clients, rest: Window) -> None:
-        self._closed = _prepare_sync(c, rest)
+    def send(self, c: Clients, rest: Window, closed: dict[str, CampaignClosed]) -> None:
+        self._closed = closed
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="batchq-enqueue")
         d = _durability(c, rest[0][0])
@@ -208,37 +295,6 @@ def _unwaited(pipe: Any, client: redis.Redis) -> tuple[list[Any], int]:
     return run_pipeline(pipe, client), 0
 
 
-def _keyed(rest: Window, queue: str) -> bool:
-    return all(tracked.keyed(entries) for cp, _, entries in rest if cp.keys.queue == queue)
-
-
-def _prepare_sync(c: Clients, rest: Window) -> dict[str, CampaignClosed]:
-    """Before a pipelined window: register each shard it writes to (and join a campaign
-    to it), once per process, as the single call does for its own queue. Returns, by
-    queue, a closed campaign that may still answer held keys (``tracked.join``)."""
-    closed = {}
-    for cp in {cp.keys.queue: cp for cp, _, _ in rest}.values():
-        c.register_queue(cp.keys.queue)
-        if cp.campaign is not None:
-            shut = tracked.join(c, cp.campaign, cp.keys.queue,
-                                keyed=_keyed(rest, cp.keys.queue))
-            if shut is not None:
-                closed[cp.keys.queue] = shut
-    return closed
-
-
-async def _prepare_async(c: Clients, rest: Window) -> dict[str, CampaignClosed]:
-    closed = {}
-    for cp in {cp.keys.queue: cp for cp, _, _ in rest}.values():
-        await c.aregister_queue(cp.keys.queue)
-        if cp.campaign is not None:
-            shut = await tracked.ajoin(c, cp.campaign, cp.keys.queue,
-                                       keyed=_keyed(rest, cp.keys.queue))
-            if shut is not None:
-                closed[cp.keys.queue] = shut
-    return closed
-
-
 def enqueue_many(c: Clients, p: Plan, items: Iterable[Any],
                  key_fn: KeyFn | None = None, spread: list[Plan] | None = None
                  ) -> list[str]:
@@ -256,58 +312,20 @@ def _enqueue_many(c: Clients, p: Plan, items: Iterable[Any],
     plans = spread or [p]
     st = Stream([(x, SeqSource(c, x.keys, want=CHUNK)) for x in plans], key_fn)
     flight = _InFlight()
-    try:
-        steps = st.steps(items)
-        while True:
-            try:
-                step = next(steps, None)  # encodes while the previous window is on the wire
-            except (TypeError, ValueError) as exc:  # an item that cannot be encoded
-                flight.wait(st)
-                exc.written = len(st.written)  # type: ignore[union-attr]
-                raise
+
+    def on(op: Local) -> None:
+        if isinstance(op, _Send):
+            flight.send(c, op.rest, op.closed)
+        else:
             flight.wait(st)
-            if step is None:
-                break
-            single, rest = step
-            if single is not None:
-                sp, chunk_ids = single[0], single[1]
-                try:
-                    if sp.tracked:
-                        st.tracked(single[1], _write_tracked_sync(c, sp, *single[1:]))
-                        single = None
-                    else:
-                        _with_retry_sync(c, sp, single[2])
-                except NotReplicated as exc:
-                    raise _named(exc, chunk_ids, st.written) from None
-                except QuotaExceeded:
-                    _quota_checked(sp, -2, st.written)
-                except EnqueueError as exc:
-                    raise st.failed(exc) from exc.__cause__
-                if single is not None:
-                    st.written.extend(single[1])
-            if rest:
-                flight.send(c, rest)
+
+    try:
+        return run(_many(c, st, items), on)
     finally:
         flight.close()
-    return st.written
 
 
 # --- asyncio ---------------------------------------------------------------------------
-
-
-async def _with_retry_async(c: Clients, p: Plan, entries: list[bytes]) -> Any:
-    last: BaseException | None = None
-    for pause, keys, args in _tries(c, p, entries):
-        if pause:
-            await asyncio.sleep(pause)
-        try:
-            await c.aregister_queue(p.keys.queue)  # once per process; retried like the write
-            return _quota_checked(p, await _write_async(c, p, keys, args))
-        except _RETRY_WRITE_ERRORS as exc:
-            last = exc
-        except redis.ResponseError as exc:  # e.g. OOM: the script did not run
-            raise _refused(p, exc) from exc
-    raise _unreachable(p, last, len(entries)) from last
 
 
 class Coalescer:
@@ -330,7 +348,7 @@ class Coalescer:
             # takes them as soon as this write is done (or was cancelled)
             self._busy.add(p)
             try:
-                await _with_retry_async(c, p, [entry])
+                await arun(_with_retry(c, p, [entry]))
             finally:
                 if p in self._pending:
                     asyncio.get_running_loop().create_task(self._drain(c, p))
@@ -355,7 +373,7 @@ class Coalescer:
                 for i in range(0, len(entries), CHUNK):
                     part = futs[i : i + CHUNK]
                     try:
-                        await _with_retry_async(c, p, entries[i : i + CHUNK])
+                        await arun(_with_retry(c, p, entries[i : i + CHUNK]))
                     except Exception as exc:
                         for f in part:
                             if not f.done():
@@ -387,27 +405,6 @@ def _own_copy(exc: Exception, shared_by: int) -> Exception:
     return exc
 
 
-async def _write_tracked_async(c: Clients, p: Plan, ids: list[str], entries: list[bytes]
-                               ) -> list[str]:
-    """``_write_tracked_sync`` for asyncio code (tracked jobs skip the coalescer)."""
-    for again in (False, True):
-        closed = None
-        if p.campaign is not None:
-            closed = await tracked.ajoin(c, p.campaign, p.keys.queue,
-                                         keyed=tracked.keyed(entries))
-        try:
-            return tracked.ids_of(p.campaign, ids, await _with_retry_async(c, p, entries),
-                                  closed)
-        except NotReplicated as exc:
-            raise _named(exc, ids) from None
-        except tracked.NotJoined:
-            tracked.forget(c, p.campaign or "", p.keys.queue)
-            if again:
-                raise CampaignClosed(p.campaign or "", f"campaign {p.campaign!r} is not "
-                                     f"open on queue {p.keys.queue!r}") from None
-    raise AssertionError("unreachable")
-
-
 async def aenqueue(c: Clients, p: Plan, args: Any, kwargs: Mapping[str, Any],
                    key: str | None = None) -> str:
     if c.otel is not None:  # traced (batchq.otel): the same write, in a send span
@@ -421,13 +418,11 @@ async def _aenqueue(c: Clients, p: Plan, args: Any, kwargs: Mapping[str, Any],
     body = p.body(args, kwargs, int(time.time() * 1000))  # a bad job reserves nothing
     runs = await areserve(c, p.keys, 1) if p.due is None else []
     jid, e = p.finish(body, SeqSource(c, p.keys, runs))
-    if p.tracked:
-        return (await _write_tracked_async(c, p, [jid], [e, (key or "").encode()]))[0]
-    try:
-        await coalescer(c).submit(c, p, e)
-    except NotReplicated as exc:
-        raise _named(exc, [jid]) from None
-    return jid
+    return await arun(_one(c, p, jid, e, key))
+
+
+async def _aput(c: Clients, p: Plan, e: bytes) -> None:
+    await coalescer(c).submit(c, p, e)
 
 
 async def aenqueue_many(c: Clients, p: Plan, items: Iterable[Any],
@@ -452,46 +447,37 @@ async def _aenqueue_many(c: Clients, p: Plan, items: Iterable[Any],
         sources.append((x, SeqSource(c, x.keys, await areserve(c, x.keys, mine)
                                      if mine else [])))
     st = Stream(sources, key_fn)
-    for single, rest in st.steps(items):
-        if single is not None:
-            sp, chunk_ids = single[0], single[1]
-            try:
-                if sp.tracked:
-                    st.tracked(single[1], await _write_tracked_async(c, sp, *single[1:]))
-                    single = None
-                else:
-                    await _with_retry_async(c, sp, single[2])
-            except NotReplicated as exc:
-                raise _named(exc, chunk_ids, st.written) from None
-            except QuotaExceeded:
-                _quota_checked(sp, -2, st.written)
-            except EnqueueError as exc:
-                raise st.failed(exc) from exc.__cause__
-            if single is not None:
-                st.written.extend(single[1])
-        if rest:
-            closed = await _prepare_async(c, rest)
-            scripts = c.async_scripts()
-            d = _durability(c, rest[0][0])
-            pipe = c.async_redis().pipeline(transaction=False)
-            calls: list[replicas.Item] = []
-            for cp, _, entries in rest:
-                keys, args = cp.script_args(entries, check=False)
-                if d.min_replicas:
-                    calls.append((scripts.by_name[cp.script], keys, args))
-                else:
-                    await scripts.by_name[cp.script](keys, args, client=pipe)
-            try:
-                if d.min_replicas:
-                    results, acked = await replicas.run_async(c.async_redis(), calls, d)
-                else:
-                    results, acked = await arun_pipeline(pipe, c.async_redis()), 0
-            except _RETRY_WRITE_ERRORS as exc:
-                raise st.lost(rest, exc) from exc
-            before = len(st.written)
-            st.record(rest, results, closed)
-            if acked < d.min_replicas:
-                short = _unconfirmed(rest[0][0], d, acked,
-                                     await replicas.areplicas_present(c.async_redis()))
-                raise _named(short, st.written[before:], st.written[:before])
-    return st.written
+
+    async def on(op: Local) -> None:
+        if isinstance(op, _Send):
+            await _send_async(c, st, op.rest, op.closed)
+
+    return await arun(_many(c, st, items), on)
+
+
+async def _send_async(c: Clients, st: Stream, rest: Window,
+                      closed: dict[str, CampaignClosed]) -> None:
+    """One pipelined window over the running loop's client, recorded at once."""
+    scripts = c.async_scripts()
+    d = _durability(c, rest[0][0])
+    pipe = c.async_redis().pipeline(transaction=False)
+    calls: list[replicas.Item] = []
+    for cp, _, entries in rest:
+        keys, args = cp.script_args(entries, check=False)
+        if d.min_replicas:
+            calls.append((scripts.by_name[cp.script], keys, args))
+        else:
+            await scripts.by_name[cp.script](keys, args, client=pipe)
+    try:
+        if d.min_replicas:
+            results, acked = await replicas.run_async(c.async_redis(), calls, d)
+        else:
+            results, acked = await arun_pipeline(pipe, c.async_redis()), 0
+    except _RETRY_WRITE_ERRORS as exc:
+        raise st.lost(rest, exc) from exc
+    before = len(st.written)
+    st.record(rest, results, closed)
+    if acked < d.min_replicas:
+        short = _unconfirmed(rest[0][0], d, acked,
+                             await replicas.areplicas_present(c.async_redis()))
+        raise _named(short, st.written[before:], st.written[:before])

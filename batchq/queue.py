@@ -1,11 +1,9 @@
 """``Queue``: what an operator asks of one queue — counts, the dead-letter store and its
 retention, pause, limits and holds.
 
-The last stop of a job that failed for good: the dead-letter store. It is listed,
-redriven and purged here, and trimmed by age and count (``trim_dead``, ``atrim_dead``,
-``trim_dead.lua``). Ids are read as bytes and shown with ``surrogateescape``, so an id
-that is not UTF-8 (written by hand) is listed, and handed back to Redis byte for byte,
-instead of failing the whole listing.
+The dead-letter store is listed, redriven, purged and trimmed by age and count here
+(``trim_dead.lua``). Ids are read as bytes and shown with ``surrogateescape``: one that
+is not UTF-8 is listed and handed back to Redis byte for byte.
 """
 
 from __future__ import annotations
@@ -14,16 +12,19 @@ import contextlib
 import math
 import os
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import date
 from typing import Any, Protocol
 
-from . import codec, limits, stats
+from . import codec, limits, stats, windows
 from . import events as events_
 from .clients import Clients
 from .keys import QueueKeys, split_shard
 from .limits import GroupState, Holds, Limit
 from .scripts import calls
 from .stats import QueueStats
+from .windows import Window
 
 __all__ = ["DeadJob", "DeadRetention", "Queue", "QueueStats", "atrim_dead"]
 
@@ -364,7 +365,10 @@ class Queue:
 
     def limit(self, group: str | None = None, *, rate_per_s: float | None = None,
               burst: int | None = None, concurrency: int | None = None,
-              max_pending: int | None = None, weight: float | None = None) -> Limit:
+              max_pending: int | None = None, weight: float | None = None,
+              max_per_minute: int | None = None, max_per_hour: int | None = None,
+              max_per_day: int | None = None, max_per_month: int | None = None,
+              tz: str | None = None) -> Limit:
         """Set the limit of the whole queue (``group`` None), of one group, or of every
         group without its own (``group="*"``); replaces the one there was. Kept in Redis:
         every worker applies it on its next fetch. See ``Limit`` for each field.
@@ -372,7 +376,8 @@ class Queue:
         A sharded queue keeps every group in one shard, so a group's limit (and ``"*"``)
         is written to every shard and stays exact; a limit of the whole queue (``group``
         None) is refused there (``ValueError``): each shard would apply it on its own."""
-        lim = Limit(group, rate_per_s, burst, concurrency, max_pending, weight)
+        lim = Limit(group, rate_per_s, burst, concurrency, max_pending, weight,
+                    max_per_minute, max_per_hour, max_per_day, max_per_month, tz)
         parts = self.shards()
         if group is None and len(parts) > 1:
             raise ValueError(
@@ -380,18 +385,37 @@ class Queue:
                 "whole queue (group=None) cannot be kept exact across shards; limit its "
                 "groups (group=... or group='*') instead")
         for q in parts[1:]:
-            limits.set_limit(self.clients.redis, q.keys, lim)
-        return limits.set_limit(self.clients.redis, self.keys, lim)
+            windows.set_limit(self.clients.redis, q.keys, lim)
+        return windows.set_limit(self.clients.redis, self.keys, lim)
 
     def limits(self) -> list[Limit]:
-        """The queue's limits: the queue's own first, then ``"*"``, then groups (a
-        sharded queue's are written to every shard alike: shard 0's are read)."""
+        """The queue's limits: the queue's own first, then ``"*"``, then groups (shard 0's;
+        written to every shard alike). Extends calendar boundaries running low."""
+        for q in self.shards():
+            windows.refresh(self.clients.redis, q.keys)
         return limits.limits(self.clients.redis, self.keys)
+
+    def window(self, group: str | None = None, *, hours: str | Sequence[str],
+               days: str | Sequence[str] = "daily", tz: str | None = None,
+               holidays: Iterable[date | str] | None = None) -> Window:
+        """Start jobs of ``group`` (``"*"``, None: the queue) only inside ``hours`` on
+        ``days`` in ``tz``, never on ``holidays``, queued jobs too (``batchq/windows.py``)."""
+        w = windows.make_window(group, hours, days, tz, holidays)
+        return windows.set_window(self.clients.redis, [q.keys for q in self.shards()], w)
+
+    def windows(self) -> list[Window]:
+        """The queue's send windows: the queue's own first, then ``"*"``, then groups."""
+        return windows.read(self.clients.redis, self.keys)[1]
+
+    def remove_window(self, group: str | None = None) -> bool:
+        """Drop the window of the queue (``group`` None), ``"*"`` or a group; True if any."""
+        return any([windows.remove_window(self.clients.redis, q.keys, group)
+                    for q in self.shards()])
 
     def remove_limit(self, group: str | None = None) -> bool:
         """Drop the limit of the queue (``group`` None) or of a group; True if there
         was one."""
-        had = [limits.remove_limit(self.clients.redis, q.keys, group) for q in self.shards()]
+        had = [windows.remove_limit(self.clients.redis, q.keys, group) for q in self.shards()]
         return any(had)
 
     def groups(self, limit: int = 100) -> list[GroupState]:

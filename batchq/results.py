@@ -30,22 +30,23 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import redis
 
 from . import codec
+from ._twins import Command, Core, Local, Script, arun, run
 from .clients import Clients
 from .connection import plain_url
 from .durations import check_seconds
-from .errors import JobCancelled, JobDead, ResultNotKept
+from .errors import JobCancelled, JobDead, JobExpired, ResultNotKept
 from .keys import MAX_SHARDS, QueueKeys, queues_key, shard_name, shards_key, split_shard
 from .scripts import calls
 
 log = logging.getLogger("batchq.results")
 
-STATES = ("ready", "delayed", "reserved", "succeeded", "dead", "cancelled", "unknown")
+STATES = ("ready", "delayed", "reserved", "succeeded", "dead", "cancelled", "expired", "unknown")
 
 CANCEL_KEEP_S = 86400.0
 """How long ``job_status`` reports "cancelled" after a cancel (cancel.lua trims)."""
@@ -53,7 +54,7 @@ CANCEL_KEEP_S = 86400.0
 CANCEL_TRIM_CHUNK = 100
 """Old cancelled records removed per ``cancel.lua`` call at most."""
 
-_FINAL = ("succeeded", "dead", "cancelled", "unknown")
+_FINAL = ("succeeded", "dead", "cancelled", "expired", "unknown")
 
 
 class ResultsOwner(Protocol):
@@ -84,20 +85,14 @@ def _add(table: dict[str, set[str]], names: Iterable[Any]) -> None:
 
 def candidates(app: ResultsOwner, job_id: str) -> list[QueueKeys]:
     """The queues ``job_id`` may belong to (usually one; none for an unknown reference)."""
-    c = app.clients
-    table = _refs.get(c)
-    if table is None:
-        table = _refs[c] = {}
-        _add(table, app.queues())
-    ref = codec.ref_of(job_id)
-    if ref not in table:
-        _add(table, c.redis.smembers(queues_key(c.namespace)))
-        _add(table, _shard_names(c, c.redis.zrange(shards_key(c.namespace), 0, -1,
-                                                   withscores=True)))
-    return [c.keys(q) for q in sorted(table.get(ref, ()))]
+    return run(_candidates(app, job_id))
 
 
 async def acandidates(app: ResultsOwner, job_id: str) -> list[QueueKeys]:
+    return await arun(_candidates(app, job_id))
+
+
+def _candidates(app: ResultsOwner, job_id: str) -> Core[list[QueueKeys]]:
     c = app.clients
     table = _refs.get(c)
     if table is None:
@@ -105,10 +100,9 @@ async def acandidates(app: ResultsOwner, job_id: str) -> list[QueueKeys]:
         _add(table, app.queues())
     ref = codec.ref_of(job_id)
     if ref not in table:
-        r = c.async_redis()
-        _add(table, await r.smembers(queues_key(c.namespace)))
-        _add(table, _shard_names(c, await r.zrange(shards_key(c.namespace), 0, -1,
-                                                   withscores=True)))
+        _add(table, (yield Command(c, "smembers", queues_key(c.namespace))))
+        _add(table, _shard_names(c, (yield Command(c, "zrange", shards_key(c.namespace), 0, -1,
+                                                   withscores=True))))
     return [c.keys(q) for q in sorted(table.get(ref, ()))]
 
 
@@ -137,20 +131,19 @@ def _state(reply: list[Any]) -> tuple[str, bytes | None]:
 def read_state(app: ResultsOwner, job_id: str, *, payload: bool = False
                ) -> tuple[str, bytes | None, QueueKeys | None]:
     """(state, result or dead record, queue) of ``job_id``."""
-    c = app.clients
-    for k in candidates(app, job_id):
-        state, data = _state(c.sync_scripts.call(calls.status(k, job_id, payload=payload)))
-        if state != "unknown":
-            return state, data, k
-    return "unknown", None, None
+    return run(_read_state(app, job_id, payload))
 
 
 async def aread_state(app: ResultsOwner, job_id: str, *, payload: bool = False
                       ) -> tuple[str, bytes | None, QueueKeys | None]:
-    c = app.clients
-    for k in await acandidates(app, job_id):
-        state, data = _state(await c.async_scripts().call(
-            calls.status(k, job_id, payload=payload)))
+    return await arun(_read_state(app, job_id, payload))
+
+
+def _read_state(app: ResultsOwner, job_id: str, payload: bool
+                ) -> Core[tuple[str, bytes | None, QueueKeys | None]]:
+    for k in (yield from _candidates(app, job_id)):
+        state, data = _state((yield Script(app.clients,
+                                           calls.status(k, job_id, payload=payload))))
         if state != "unknown":
             return state, data, k
     return "unknown", None, None
@@ -163,21 +156,18 @@ def job_status(app: ResultsOwner, job_id: str) -> str:
 
 def cancel(app: ResultsOwner, job_id: str) -> bool:
     """See ``App.cancel``."""
-    _check_id(job_id)
-    c = app.clients
-    for k in candidates(app, job_id):
-        if c.sync_scripts.call(calls.cancel(k, job_id, round(CANCEL_KEEP_S * 1000),
-                                            CANCEL_TRIM_CHUNK)) == 1:
-            return True
-    return False
+    return run(_cancelling(app, job_id))
 
 
 async def acancel(app: ResultsOwner, job_id: str) -> bool:
+    return await arun(_cancelling(app, job_id))
+
+
+def _cancelling(app: ResultsOwner, job_id: str) -> Core[bool]:
     _check_id(job_id)
-    c = app.clients
-    for k in await acandidates(app, job_id):
-        if await c.async_scripts().call(calls.cancel(k, job_id, round(CANCEL_KEEP_S * 1000),
-                                                     CANCEL_TRIM_CHUNK)) == 1:
+    for k in (yield from _candidates(app, job_id)):
+        if (yield Script(app.clients, calls.cancel(k, job_id, round(CANCEL_KEEP_S * 1000),
+                                                   CANCEL_TRIM_CHUNK))) == 1:
             return True
     return False
 
@@ -188,8 +178,8 @@ def _outcome(job_id: str, state: str, data: bytes | None) -> Any:
         return codec.decode_result(data)
     if state == "dead":
         raise JobDead(job_id, codec.decode_dead_record(data or b""))
-    if state == "cancelled":
-        raise JobCancelled(job_id)
+    if state in ("cancelled", "expired"):
+        raise (JobCancelled if state == "cancelled" else JobExpired)(job_id)
     raise KeyError(f"no job {job_id!r} (unknown, or its result expired or was never kept: "
                    "only tasks with result_ttl_s keep one)")
 
@@ -389,7 +379,7 @@ def keeps_results(app: ResultsOwner, ks: list[QueueKeys]) -> bool | None:
 def _not_kept(job_id: str, state: str, data: bytes | None, ks: list[QueueKeys]) -> Any:
     """A job of tasks that keep no result: its outcome when dead or cancelled, else
     ``ResultNotKept`` at once (there is nothing to wait for)."""
-    if state in ("dead", "cancelled", "succeeded"):
+    if state in ("dead", "cancelled", "expired", "succeeded"):
         return _outcome(job_id, state, data)
     where = ", ".join(repr(k.queue) for k in ks)
     now = "unknown (finished, or never enqueued)" if state == "unknown" else state
@@ -398,86 +388,107 @@ def _not_kept(job_id: str, state: str, data: bytes | None, ks: list[QueueKeys]) 
                         "for; give the task result_ttl_s, or ask app.job_status", state)
 
 
-def result(app: ResultsOwner, job_id: str, timeout_s: float) -> Any:
-    """See ``App.result``."""
+class _Listen(Local):
+    """The listener's part, done by each shell its own way: ``subscribe`` to the channels
+    (True once all are confirmed by ``at``), ``mark`` their state (a message from then
+    on ends the next wait), ``wait`` for such a message until ``at``."""
+
+    __slots__ = ("at", "kind", "names")
+
+    def __init__(self, kind: str, at: float = 0.0, names: list[bytes] | None = None) -> None:
+        self.kind, self.at, self.names = kind, at, names or []
+
+
+def _result(app: ResultsOwner, job_id: str, timeout_s: float,
+            clock: Callable[[], float]) -> Core[Any]:
+    """The core of ``result`` / ``aresult`` (``clock``: monotonic, the shell's)."""
     _check_id(job_id)
-    deadline = time.monotonic() + check_seconds("timeout_s", timeout_s)
-    ks = candidates(app, job_id)
+    deadline = clock() + check_seconds("timeout_s", timeout_s)
+    ks = yield from _candidates(app, job_id)
     if not ks:
         raise KeyError(f"no job {job_id!r} (its id names no queue of this namespace)")
     keeps = keeps_results(app, ks)
     if keeps is False:
-        state, data, _ = read_state(app, job_id, payload=True)
+        state, data, _ = yield from _read_state(app, job_id, True)
         return _not_kept(job_id, state, data, ks)
-    lst = listener(app.clients)
-    names = [k.done_channel(job_id).encode() for k in ks]
-    chans = [(name, lst.subscribe(name)) for name in names]
+    if not (yield _Listen("subscribe", deadline, [k.done_channel(job_id).encode()
+                                                   for k in ks])):
+        raise TimeoutError(f"job {job_id}: could not subscribe in time")
+    while True:
+        yield _Listen("mark")  # before the read: a change after it wakes this waiter
+        for k in ks:  # before the read: an ack after it publishes (see WAITERS_TTL_MS)
+            yield Command(app.clients, "set", k.waiters, b"1", px=WAITERS_TTL_MS)
+        state, data, _ = yield from _read_state(app, job_id, True)
+        if state in _FINAL:
+            return _outcome(job_id, state, data)
+        # the state was read after the deadline passed: a job settled meanwhile is
+        # returned above, never reported as still waiting
+        if clock() >= deadline:
+            raise TimeoutError(f"job {job_id} is still {state} after {timeout_s}s")
+        # a message on a candidate channel wakes us; else the flag is renewed (and
+        # the state read) every step: a plain ack announces nothing
+        step_s = WAITERS_RENEW_S if keeps else MAYBE_PLAIN_RECHECK_S
+        yield _Listen("wait", min(deadline, clock() + step_s))
+
+
+def result(app: ResultsOwner, job_id: str, timeout_s: float) -> Any:
+    """See ``App.result``."""
+    subs: list[tuple[bytes, _Channel]] = []
+    seen: list[int] = []
+
+    def on(op: Local) -> bool:
+        assert isinstance(op, _Listen)
+        lst = listener(app.clients)
+        if op.kind == "subscribe":
+            subs.extend((name, lst.subscribe(name)) for name in op.names)
+            return all(lst.wait_armed(ch, op.at) for _, ch in subs)
+        if op.kind == "mark":
+            seen[:] = [ch.version for _, ch in subs]
+            return True
+        return lst.wait([ch for _, ch in subs], seen, op.at)
+
     try:
-        for _, ch in chans:
-            if not lst.wait_armed(ch, deadline):
-                raise TimeoutError(f"job {job_id}: could not subscribe in time")
-        client = app.clients.sync_scripts.client
-        while True:
-            seen = [ch.version for _, ch in chans]
-            for k in ks:  # before the read: an ack after it publishes (see WAITERS_TTL_MS)
-                client.set(k.waiters, b"1", px=WAITERS_TTL_MS)
-            state, data, _ = read_state(app, job_id, payload=True)
-            if state in _FINAL:
-                return _outcome(job_id, state, data)
-            # the state was read after the deadline passed: a job settled meanwhile is
-            # returned above, never reported as still waiting
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"job {job_id} is still {state} after {timeout_s}s")
-            # a message on a candidate channel wakes us; else the flag is renewed (and
-            # the state read) every step: a plain ack announces nothing
-            step_s = WAITERS_RENEW_S if keeps else MAYBE_PLAIN_RECHECK_S
-            lst.wait([ch for _, ch in chans], seen, min(deadline, time.monotonic() + step_s))
+        return run(_result(app, job_id, timeout_s, time.monotonic), on)
     finally:
-        for name, ch in chans:
-            lst.unsubscribe(name, ch)
+        for name, ch in subs:
+            listener(app.clients).unsubscribe(name, ch)
 
 
 async def aresult(app: ResultsOwner, job_id: str, timeout_s: float) -> Any:
     """See ``App.aresult``."""
-    _check_id(job_id)
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + check_seconds("timeout_s", timeout_s)
-    ks = await acandidates(app, job_id)
-    if not ks:
-        raise KeyError(f"no job {job_id!r} (its id names no queue of this namespace)")
-    keeps = keeps_results(app, ks)
-    if keeps is False:
-        state, data, _ = await aread_state(app, job_id, payload=True)
-        return _not_kept(job_id, state, data, ks)
-    lst = await loop.run_in_executor(None, listener, app.clients)
-    subs = [(name, lst.subscribe(name)) for name in (k.done_channel(job_id).encode()
-                                                     for k in ks)]
+    subs: list[tuple[bytes, _Channel]] = []
+    futs: list[tuple[_Channel, asyncio.Future[None]]] = []
+
+    def drop() -> None:
+        for ch, fut in futs:
+            listener(app.clients).drop_future(ch, fut)
+        futs.clear()
+
+    def watch(lst: Listener) -> bool:  # futures first: a change after this wakes us
+        drop()
+        futs.extend((ch, lst.future(ch)) for _, ch in subs)
+        return all(ch.armed for _, ch in subs)
+
+    async def on(op: Local) -> bool:
+        assert isinstance(op, _Listen)
+        if op.kind == "subscribe":  # made in a thread: the first one connects
+            lst = await loop.run_in_executor(None, listener, app.clients)
+            subs.extend((name, lst.subscribe(name)) for name in op.names)
+            while not watch(lst):
+                if not await _wait_any(futs, op.at, loop):
+                    return False
+            return True
+        if op.kind == "mark":
+            return watch(listener(app.clients))
+        return await _wait_any(futs, op.at, loop)
+
     try:
-        for _, ch in subs:
-            while not ch.armed:
-                if not await _next_change(lst, [ch], deadline, loop):
-                    raise TimeoutError(f"job {job_id}: could not subscribe in time")
-        client = app.clients.async_scripts().client
-        while True:
-            # futures first: a change after the read below wakes this waiter
-            futs = [(ch, lst.future(ch)) for _, ch in subs]
-            try:
-                for k in ks:
-                    await client.set(k.waiters, b"1", px=WAITERS_TTL_MS)
-                state, data, _ = await aread_state(app, job_id, payload=True)
-                if state in _FINAL:
-                    return _outcome(job_id, state, data)
-                # read after the deadline passed: a settled job is never "still" waiting
-                if loop.time() >= deadline:
-                    raise TimeoutError(f"job {job_id} is still {state} after {timeout_s}s")
-                step_s = WAITERS_RENEW_S if keeps else MAYBE_PLAIN_RECHECK_S
-                await _wait_any(futs, min(deadline, loop.time() + step_s), loop)
-            finally:
-                for ch, fut in futs:
-                    lst.drop_future(ch, fut)
+        return await arun(_result(app, job_id, timeout_s, loop.time), on)
     finally:
+        drop()
         for name, ch in subs:
-            lst.unsubscribe(name, ch)
+            listener(app.clients).unsubscribe(name, ch)
 
 
 async def _wait_any(futs: list[tuple[_Channel, asyncio.Future[None]]], deadline: float,
@@ -487,12 +498,3 @@ async def _wait_any(futs: list[tuple[_Channel, asyncio.Future[None]]], deadline:
                                  timeout=max(0.0, deadline - loop.time()),
                                  return_when=asyncio.FIRST_COMPLETED)
     return bool(done)
-
-
-async def _next_change(lst: Listener, chans: list[_Channel], deadline: float,
-                       loop: asyncio.AbstractEventLoop) -> bool:
-    futs = [(ch, lst.future(ch)) for ch in chans]
-    ok = all(ch.armed for ch in chans) or await _wait_any(futs, deadline, loop)
-    for ch, fut in futs:
-        lst.drop_future(ch, fut)
-    return ok

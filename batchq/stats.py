@@ -21,10 +21,11 @@ from . import codec, shards
 from .keys import MAX_PRIORITY, QueueKeys, queues_key
 from .scripts import SyncScript, calls, run_pipeline
 
-OUTCOMES = ("enqueued", "succeeded", "dead", "retried", "handed", "cancelled")
+OUTCOMES = ("enqueued", "succeeded", "dead", "retried", "handed", "cancelled", "expired")
 """The counters the scripts keep in a queue's ``stats`` hash, in the order read
 (``handed``: jobs an enqueue leased straight to an idle worker, ``enqueue.lua``;
-``cancelled``: jobs cancelled before they started, ``cancel.lua`` and ``pop.lua``)."""
+``cancelled``: jobs cancelled before they started, ``cancel.lua`` and ``pop.lua``;
+``expired``: jobs past their ``expires_s`` / ``expires_at`` dropped unstarted, ``pop.lua``)."""
 
 BUNDLE_COUNTS = ("bundled",)
 """The stats field that counts the running jobs of live bundles (``_lib.lua``
@@ -56,7 +57,8 @@ class QueueStats:
     per job: ``GROUPS_READ``); ``groups_active`` groups may start jobs now,
     ``groups_waiting`` wait for a rate token, a concurrency slot or the end of a hold;
     ``held_s``: seconds left of a hold of the whole queue (``RateLimited`` raised by a
-    job without a group, or ``Queue.hold``)."""
+    job without a group, or ``Queue.hold``). ``expired``: jobs dropped unstarted past
+    their deadline (``options(expires_s=...)``), counted since the queue began."""
 
     ready: int
     delayed: int
@@ -70,6 +72,7 @@ class QueueStats:
     groups_active: int = 0
     groups_waiting: int = 0
     held_s: float = 0.0
+    expired: int = 0
 
     @property
     def pending(self) -> int:
@@ -186,8 +189,8 @@ def _parse(name: str, res: Sequence[Any], now_ms: int) -> Snapshot:
         groups_waiting=max(0, waiting),
         held_s=held_s,
     )
-    return Snapshot(name, stats, lag_s, {o: _int(c) for o, c in zip(
-        OUTCOMES, counts[:len(OUTCOMES)], strict=True)})
+    outcomes = {o: _int(c) for o, c in zip(OUTCOMES, counts[:len(OUTCOMES)], strict=True)}
+    return Snapshot(name, replace(stats, expired=outcomes["expired"]), lag_s, outcomes)
 
 
 def read(client: redis.Redis, queues: Sequence[QueueKeys]) -> list[Snapshot]:
@@ -269,7 +272,7 @@ def merge(name: str, parts: Sequence[Snapshot]) -> Snapshot:
                                      reverse=True)),
         grouped=sum(x.grouped for x in ps), groups_active=sum(x.groups_active for x in ps),
         groups_waiting=sum(x.groups_waiting for x in ps),
-        held_s=max(x.held_s for x in ps))
+        held_s=max(x.held_s for x in ps), expired=sum(x.expired for x in ps))
     outcomes = {o: sum(p.outcomes.get(o, 0) for p in parts) for o in OUTCOMES}
     return Snapshot(name, st, max(p.delayed_lag_s for p in parts), outcomes, len(parts))
 

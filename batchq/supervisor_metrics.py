@@ -21,7 +21,7 @@ import signal
 import threading
 import time
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .exitcodes import EXIT_ERROR, EXIT_OK
 
@@ -33,6 +33,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("batchq.supervisor")
 metrics_log = logging.getLogger("batchq.metrics")
 web_log = logging.getLogger("batchq.web")
+
+
+
+def app_collectors(app: App) -> list[Any]:
+    """What ``/metrics`` reads through the app's registry at every scrape, besides the
+    queues (``metrics`` itself only takes clients): campaigns, the periodic tasks' runs,
+    circuit breakers."""
+    from .breaker import BreakerCollector
+    from .campaign import CampaignCollector
+    from .periodic import PeriodicCollector
+
+    return [CampaignCollector(app), PeriodicCollector(app), BreakerCollector(app)]
 
 
 class MetricsChild:
@@ -138,7 +150,7 @@ def serve_child(app: App, addr: str, port: int, directory: str | None, parent_pi
 
         try:
             server = make_server(app, addr, port, multiproc_dir=directory,
-                                 parent_pid=parent_pid)
+                                 parent_pid=parent_pid, collectors=app_collectors(app))
         except OSError as exc:
             metrics_log.error("metrics server cannot listen on %s:%d: %s", addr, port, exc)
             return EXIT_ERROR

@@ -170,6 +170,9 @@ class _Enqueuer:
             group=o.group,
             timeout_s=o.timeout_s,
             on_conflict=o.on_conflict,
+            expires_s=o.expires_s,
+            expires_at=o.expires_at,
+            keep_expired=o.keep_expired,
         )
         return p if o.min_replicas is None else replace(p, min_replicas=o.min_replicas)
 
@@ -267,6 +270,12 @@ class _Enqueuer:
         timeout_s: float | None = None,
         on_conflict: str | None = None,
         min_replicas: int | None = None,
+        expires_s: float | None = None,
+        expires_at: datetime | float | None = None,
+        keep_expired: bool | None = None,
+        not_before: datetime | float | None = None,
+        window: str | None = None,
+        tz: str | None = None,
     ) -> TaskCall:
         """A view of the task that enqueues with other options (``eta``: datetime or
         Unix seconds; naive datetimes are local time). ``campaign``: the jobs join it (a
@@ -278,10 +287,18 @@ class _Enqueuer:
         job still waiting: ``"keep"`` it (the default), ``"replace"`` its arguments, or
         ``"debounce"``: replace them and start it ``delay_s`` after this call;
         ``min_replicas``: replicas that must confirm these jobs, over the app's
-        (``App(min_replicas=...)``)."""
+        (``App(min_replicas=...)``); ``expires_s`` / ``expires_at`` (a datetime or Unix
+        seconds): a job not started by then never runs, counted ``expired`` (and kept in
+        the dead letters, reason ``expired``, with ``keep_expired=True``);
+        ``not_before``: as ``eta``; ``window`` (``"09:00-20:00"``, optionally with days:
+        ``"09:00-20:00 mon-fri"``) in ``tz``: the job starts at the window's next
+        opening in the recipient's time zone (a delayed job)."""
         cid = campaign if campaign is None or isinstance(campaign, str) else campaign.id
         extra = EnqueueOptions(queue, priority, max_attempts, delay_s, eta, cid, key,
-                               key_ttl_s, group, timeout_s, on_conflict, min_replicas)
+                               key_ttl_s, group, timeout_s, on_conflict, min_replicas,
+                               expires_s=expires_s, expires_at=expires_at,
+                               keep_expired=keep_expired, not_before=not_before,
+                               window=window, tz=tz)
         return TaskCall(self._task, self._opts.merged(extra))
 
 

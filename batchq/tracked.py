@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from . import codec
+from . import _twins, codec
 from .clients import Clients
 from .errors import CampaignClosed, CampaignNotFound
 from .keys import campaign_keys
@@ -91,14 +91,16 @@ def forget(c: Clients, campaign: str, queue: str) -> None:
     _joined.get(c, set()).discard((campaign, queue))
 
 
-def _joined_reply(campaign: str, reply: Any) -> str:
-    status, generation = int(reply[0]), reply[1]
+def _joined_reply(campaign: str, reply: Any) -> tuple[str, str]:
+    """The campaign's generation and its deadline (Unix ms, "" for none)."""
+    status, generation, expires = int(reply[0]), reply[1], reply[2]
     if status == -1:
         raise CampaignNotFound(campaign)
     if status == 0:
         raise CampaignClosed(campaign, f"campaign {campaign!r} is sealed or cancelled: "
                              "no jobs can be added to it")
-    return generation.decode() if isinstance(generation, bytes) else str(generation)
+    return (generation.decode() if isinstance(generation, bytes) else str(generation),
+            expires.decode() if isinstance(expires, bytes) else str(expires))
 
 
 def _opened(campaign: str, queue: str, reply: Any) -> None:
@@ -123,35 +125,26 @@ def join(c: Clients, campaign: str, queue: str, *, keyed: bool = False
     ``enqueue_tracked.lua``, which writes nothing and answers the holders' ids when
     every key is held (a producer run again after the campaign finished) and refuses
     otherwise; pass the error to ``ids_of`` to raise it then."""
-    done = _joined.setdefault(c, set())
-    if (campaign, queue) in done:
-        return None
-    s = c.sync_scripts
-    try:
-        gen = _joined_reply(campaign, s.call(calls.campaign_join(
-            campaign_keys(c.namespace, campaign), queue)))
-        _opened(campaign, queue, s.call(calls.campaign_queue(c.keys(queue), campaign,
-                                                             "open", gen)))
-    except CampaignClosed as exc:
-        if keyed:
-            return exc
-        raise
-    done.add((campaign, queue))
-    return None
+    return _twins.run(joining(c, campaign, queue, keyed=keyed))
 
 
 async def ajoin(c: Clients, campaign: str, queue: str, *, keyed: bool = False
                 ) -> CampaignClosed | None:
     """``join`` for asyncio code."""
+    return await _twins.arun(joining(c, campaign, queue, keyed=keyed))
+
+
+def joining(c: Clients, campaign: str, queue: str, *, keyed: bool = False
+            ) -> _twins.Core[CampaignClosed | None]:
+    """The core of ``join`` / ``ajoin``."""
     done = _joined.setdefault(c, set())
     if (campaign, queue) in done:
         return None
-    s = c.async_scripts()
     try:
-        gen = _joined_reply(campaign, await s.call(calls.campaign_join(
-            campaign_keys(c.namespace, campaign), queue)))
-        _opened(campaign, queue, await s.call(calls.campaign_queue(c.keys(queue), campaign,
-                                                                   "open", gen)))
+        gen, expires = _joined_reply(campaign, (yield _twins.Script(c, calls.campaign_join(
+            campaign_keys(c.namespace, campaign), queue))))
+        _opened(campaign, queue, (yield _twins.Script(c, calls.campaign_queue(
+            c.keys(queue), campaign, "open", gen, expires=expires))))
     except CampaignClosed as exc:
         if keyed:
             return exc

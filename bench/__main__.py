@@ -93,7 +93,7 @@ def add_scenario_args(p: argparse.ArgumentParser, scenario: str) -> None:
                        help="rate of the idle level (default 50 jobs/s: one every 20 ms)")
         p.add_argument("--levels", default="25,50,75,90",
                        help="percentages of the max rate (default 25,50,75,90)")
-    if scenario == "allin":
+    if scenario in ("allin", "fanout-drain"):
         p.add_argument("--before", type=Path, default=None,
                        help="another checkout (e.g. `git archive COMMIT | tar -x -C DIR`) "
                        "whose worker runs every case too, alternating with this one")
@@ -254,7 +254,8 @@ def _run_scenario(args: argparse.Namespace) -> int:
             queue_rate=args.queue_rate, processes=args.processes,
             concurrency=args.concurrency),
         "fanout-drain": lambda ctx, rec: run_fanout_drain(
-            ctx, rec, jobs=jobs, repeat=repeat, groups=args.groups or (20 if quick else 1000)),
+            ctx, rec, jobs=jobs, repeat=repeat, groups=args.groups or (20 if quick else 1000),
+            before=args.before),
         "ratecheck": lambda ctx, rec: run_ratecheck(
             ctx, rec, repeat=repeat, duration_s=args.duration or (2.0 if quick else 10.0),
             rate=args.rate, burst=args.burst, group_rate=args.group_rate,

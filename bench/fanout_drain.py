@@ -19,20 +19,30 @@ the machine's load favours none); every ratio is taken within one repeat, then t
 median over the repeats. Beside them, the floor on the same server: the rows pushed as
 msgpack values, ``RPUSH`` of 1,000 values per command, then read back with ``LPOP key
 1000`` and decoded, in this process.
+
+``--before DIR`` runs every case a second time from another checkout (e.g. ``git
+archive <commit> | tar -x -C DIR``), right after this one's in every turn: its worker
+and its enqueue (each case's fill runs in a child process on the tree's own ``batchq``,
+for both trees, timed inside it), so a before/after table comes from one run on one
+server; ``÷ before`` divides each case's figure by the before tree's in the same turn.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import msgpack
 
 from . import record
-from .allin import timed_burst
+from .allin import timed_burst, worker_env
 from .apps import QUEUE
 from .flow import _server_cpu_s
 from .harness import REPO_ROOT, Context, Row, timed
@@ -98,13 +108,71 @@ def fill(ctx: Context, case: Case, n: int, groups: int) -> tuple[float, Any]:
     return el[0], camp
 
 
-def drain_once(ctx: Context, case: Case, n: int, groups: int) -> dict[str, Any]:
-    """Fill, then one timed ``-p 1 --burst`` worker; checks every job ran once."""
-    enqueue_s, camp = fill(ctx, case, n, groups)
+FILL_CODE = """
+import json, sys, time, uuid
+from bench.apps import QUEUE, make_app
+url, ns, n, groups, flags, rate = sys.argv[1:7]
+n, groups, rate = int(n), int(groups), float(rate)
+grouped, limit, campaign, keys = (f == "1" for f in flags)
+app = make_app(url, ns)
+q = app.queue(QUEUE)
+q.remove_limit("*")
+noop = app.tasks["noop"]
+items = [(i, f"user{i}@example.com") for i in range(n)]
+camp = app.campaign() if campaign else None
+opts = {"campaign": camp} if camp is not None else {}
+tag = uuid.uuid4().hex[:8]
+key_fn = (lambda row: f"{tag}:{row[1]}") if keys else None
+per = -(-n // groups)
+t0 = time.perf_counter()
+if grouped:
+    for g in range(groups):
+        noop.options(group=f"g{g}", **opts).enqueue_many(items[g * per:(g + 1) * per],
+                                                        key_fn=key_fn)
+else:
+    noop.options(**opts).enqueue_many(items, key_fn=key_fn)
+took = time.perf_counter() - t0
+if camp is not None:
+    camp.seal()
+if limit:
+    q.limit("*", rate_per_s=rate)
+app.close()
+print(json.dumps({"enqueue_s": took, "campaign": camp.id if camp is not None else None}))
+"""
+"""A case's fill in a child process on a tree's own ``batchq`` (``--before``): the same
+steps as ``fill``, its enqueue timed inside the child (start-up not counted)."""
+
+
+def fill_in(ctx: Context, tree: Path, case: Case, n: int, groups: int) -> tuple[float, Any]:
+    """``fill`` run by ``tree``'s code in a child process: (enqueue seconds, the sealed
+    campaign or None)."""
+    ctx.reset()
+    flags = "".join("1" if f else "0" for f in (case.groups, case.limit, case.campaign,
+                                                 case.keys))
+    out = subprocess.run([sys.executable, "-c", FILL_CODE, ctx.url, ctx.namespace, str(n),
+                          str(groups), flags, str(LIMIT_RATE)], cwd=tree,
+                         env=worker_env(ctx, tree), check=True, capture_output=True,
+                         text=True, timeout=120 + n / 1000).stdout
+    got = json.loads(out.strip().splitlines()[-1])
+    from batchq.campaign import Campaign
+
+    camp = Campaign(ctx.app.clients, got["campaign"]) if got["campaign"] else None
+    return float(got["enqueue_s"]), camp
+
+
+def drain_once(ctx: Context, case: Case, n: int, groups: int,
+               tree: Path | None = None) -> dict[str, Any]:
+    """Fill, then one timed ``-p 1 --burst`` worker; checks every job ran once. ``tree``:
+    the fill and the worker run from that checkout (``fill_in``), else the fill runs in
+    this process."""
+    if tree is None:
+        enqueue_s, camp = fill(ctx, case, n, groups)
+    else:
+        enqueue_s, camp = fill_in(ctx, tree, case, n, groups)
     ctx.client.config_resetstat()
     cpu0 = _server_cpu_s(ctx)
     try:
-        wall, cpu, tail = timed_burst(ctx, REPO_ROOT, WORKER_FLAGS, 30 + n / 500)
+        wall, cpu, tail = timed_burst(ctx, tree or REPO_ROOT, WORKER_FLAGS, 30 + n / 500)
         server_s = _server_cpu_s(ctx) - cpu0
         cmd_us = sum(int(v["usec"]) for v in ctx.client.info("commandstats").values())
     finally:
@@ -168,30 +236,50 @@ def add_figures(row: Row, got: dict[str, Any], plain: dict[str, Any]) -> None:
                 row.add(ratio, got[key] / plain[key])
 
 
+BEFORE_FIGURES = (("all_in_jobs_per_s", "÷ before"),
+                  ("redis_cpu_us_per_job", "Redis µs ÷ before's"),
+                  ("enqueue_jobs_per_s", "enqueue ÷ before"))
+"""(key of a run's figures, ratio column) of a case against the same case of the
+``--before`` tree."""
+
+
 def run_fanout_drain(ctx: Context, rec: dict[str, Any], *, jobs: int, repeat: int,
-                     groups: int) -> list[Row]:
+                     groups: int, before: Path | None = None) -> list[Row]:
     names = [c.name.format(groups=groups) for c in CASES]
-    out = [Row(name, {"jobs": jobs, "groups": groups if c.groups else 0,
-                      "limit_rate_per_s": LIMIT_RATE if c.limit else None,
-                      "campaign": c.campaign, "keys": c.keys,
-                      "worker": ["batchq", "worker", "bench.apps:app", "--burst",
-                                 *WORKER_FLAGS]})
-           for name, c in zip(names, CASES, strict=True)]
+    trees: list[tuple[str, Path | None]] = [("", None)]
+    if before is not None:  # both trees fill in a child process on their own code
+        trees = [("before: ", before.resolve()), ("", REPO_ROOT)]
+    out = {(label, k): Row(f"{label}{name}",
+                           {"jobs": jobs, "groups": groups if c.groups else 0,
+                            "limit_rate_per_s": LIMIT_RATE if c.limit else None,
+                            "campaign": c.campaign, "keys": c.keys,
+                            "tree": str(tree or REPO_ROOT),
+                            "worker": ["batchq", "worker", "bench.apps:app", "--burst",
+                                       *WORKER_FLAGS]})
+           for label, tree in trees for k, (name, c) in enumerate(zip(names, CASES,
+                                                                        strict=True))}
     push = Row(f"floor: RPUSH {FLOOR_CHUNK:,} msgpack values per command", {"jobs": jobs})
     pop = Row(f"floor: LPOP {FLOOR_CHUNK:,} + msgpack decode, in Python", {"jobs": jobs})
-    timed_burst(ctx, REPO_ROOT, WORKER_FLAGS, 60)  # untimed: bytecode and page caches
+    for _, tree in trees:  # untimed: bytecode and page caches
+        timed_burst(ctx, tree or REPO_ROOT, WORKER_FLAGS, 60)
     for i in range(repeat):
-        got: dict[int, dict[str, Any]] = {}
+        got: dict[tuple[str, int], dict[str, Any]] = {}
         for j in range(len(CASES)):
             k = (i + j) % len(CASES)
-            got[k] = drain_once(ctx, CASES[k], jobs, groups)
-            rec["runs"].append({"case": names[k], "repeat": i, "turn": j, **got[k]})
-        for k, row in enumerate(out):
-            add_figures(row, got[k], got[0])
+            # the trees alternate inside each turn, the first one turning each repeat
+            for label, tree in (trees if (i + j) % 2 == 0 else trees[::-1]):
+                got[label, k] = drain_once(ctx, CASES[k], jobs, groups, tree)
+                rec["runs"].append({"case": f"{label}{names[k]}", "repeat": i, "turn": j,
+                                    **got[label, k]})
+        for (label, k), row in out.items():
+            add_figures(row, got[label, k], got[label, 0])
+            if label == "" and before is not None:
+                for key, ratio in BEFORE_FIGURES:
+                    row.add(ratio, got[label, k][key] / got["before: ", k][key])
         f = floor_once(ctx, jobs)
         rec["runs"].append({"case": "floor", "repeat": i, **f})
-        add_figures(push, f["rpush"], got[0])
-        add_figures(pop, f["lpop"], got[0])
+        add_figures(push, f["rpush"], got["", 0])
+        add_figures(pop, f["lpop"], got["", 0])
     ctx.client.delete(f"{ctx.namespace}:floor")
     record.reset(ctx.client, ctx.key)
     ctx.notes.append("all-in: `batchq worker bench.apps:app -p 1 --burst` timed from spawn "
@@ -199,4 +287,8 @@ def run_fanout_drain(ctx: Context, rec: dict[str, Any], *, jobs: int, repeat: in
                      "life; ÷ plain: within each repeat, then the median. Floor rows: "
                      "the same rows as bare msgpack values in one list (the LPOP row's "
                      "worker CPU is this process's).")
-    return [*out, push, pop]
+    if before is not None:
+        ctx.notes.append(f"before: rows run from {before} (fill and worker), alternating "
+                         "with this checkout inside each turn; ÷ before: within each "
+                         "repeat, then the median.")
+    return [*out.values(), push, pop]

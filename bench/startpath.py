@@ -165,15 +165,22 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
     cols = ["start", "call", "to_worker", "in_worker"]
     print("| tree | jobs/s | " + " | ".join(f"{c.replace('_', ' ')} p50 / p99 (ms)"
-                                             for c in cols) + " | handed | redis µs/job |")
-    print("|---|---|" + "---|" * len(cols) + "---|---|")
+                                             for c in cols)
+          + " | handed | redis µs/job | start ÷ floor's p50 / p99 |")
+    print("|---|---|" + "---|" * len(cols) + "---|---|---|")
+
+    def med(runs: list[dict[str, float]], k: str) -> float:
+        return float(statistics.median(r[k] for r in runs))
+
     for (t, rate), runs in res.items():
-        def med(k: str, runs: list[dict[str, float]] = runs) -> float:
-            return float(statistics.median(r[k] for r in runs))
-        cells = [f"{med(c + '_p50'):.3f} / {med(c + '_p99'):.3f}" for c in cols]
-        handed = "—" if t is None else f"{med('handed_share'):.0%}"
+        cells = [f"{med(runs, c + '_p50'):.3f} / {med(runs, c + '_p99'):.3f}" for c in cols]
+        handed = "—" if t is None else f"{med(runs, 'handed_share'):.0%}"
+        floor = res.get((None, rate))
+        ratio = "—" if not floor else (
+            f"{med(runs, 'start_p50') / med(floor, 'start_p50'):.2f} / "
+            f"{med(runs, 'start_p99') / med(floor, 'start_p99'):.2f}")
         print(f"| {t or FLOOR} | {rate:,.0f} | " + " | ".join(cells)
-              + f" | {handed} | {med('redis_us_per_job'):.1f} |")
+              + f" | {handed} | {med(runs, 'redis_us_per_job'):.1f} | {ratio} |")
     return 0
 
 

@@ -37,9 +37,12 @@ async def _work(url: str, ns: str) -> None:
     await r.ping()
     await r.set(f"{ns}:ready", 1)
     while True:
-        reply = await r.blpop([f"{ns}:jobs"], timeout=0)
+        # a bounded wait: redis-py reads with a 5 s socket timeout by default, which an
+        # idle BLPOP without a timeout would run into
+        reply = await r.blpop([f"{ns}:jobs"], timeout=1)
         got = time.time()
-        assert reply is not None  # timeout 0: BLPOP waits until a value comes
+        if reply is None:
+            continue
         value = reply[1]
         if value == STOP:
             break

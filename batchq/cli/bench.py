@@ -20,13 +20,11 @@ running run. A load job is acknowledged whatever its handler does (its outcome g
 the report, not to retries or the dead-letter queue); jobs still queued after an abort
 are acknowledged without running.
 
-``batchq bench SCENARIO ...`` runs ``python -m bench SCENARIO ...`` (enqueue, drain,
-allin, latency, memory, idle, scale, campaign, fanout, groups, ratecheck, iocurve, peers,
-plot) from a batchq source checkout: the harness
-lives in the repository's top-level ``bench/`` folder, which is not installed. The
-checkout is the one this batchq was imported from (an editable install or a run from the
-source tree), else the current directory or one of its parents; anywhere else the
-command says so and exits 2.
+``batchq bench SCENARIO ...`` (enqueue, drain, allin, latency, memory, idle, scale,
+campaign, fanout, groups, ratecheck, iocurve, peers, plot) says to run ``python -m bench
+SCENARIO ...`` from a batchq source checkout and exits 2: the harness is the
+repository's top-level ``bench/`` folder, which is not installed, and the installed
+package never imports it.
 """
 
 from __future__ import annotations
@@ -40,7 +38,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -134,55 +131,21 @@ def add_commands(sub: Any) -> None:
     add_redis_url(p)
     p.set_defaults(handler=cmd_load)
     for name in HARNESS_COMMANDS:
-        h = bsub.add_parser(name, help=f"python -m bench {name} (source checkout only)",
+        h = bsub.add_parser(name, help=f"run `python -m bench {name}` from a source checkout",
                             add_help=False, prefix_chars="\0")
         h.add_argument("rest", nargs=argparse.REMAINDER)
         h.set_defaults(handler=cmd_harness)
 
 
-def _checkout_candidates() -> list[Path]:
-    """Where a source checkout may be: the tree this batchq was imported from, then the
-    current directory and its parents."""
-    here = Path(__file__).resolve().parent.parent.parent
-    cwd = Path.cwd().resolve()
-    return [here, cwd, *cwd.parents]
-
-
-def find_checkout(candidates: Iterable[Path]) -> Path | None:
-    """The first candidate that is a batchq source checkout (``bench/__main__.py`` next
-    to ``batchq/__init__.py``)."""
-    for root in candidates:
-        if (root / "bench" / "__main__.py").is_file() \
-                and (root / "batchq" / "__init__.py").is_file():
-            return root
-    return None
-
-
 def cmd_harness(args: argparse.Namespace) -> int:
-    """Delegate to the ``bench`` package of a source checkout."""
-    name = f"batchq bench {args.bench_command}"
-    root = find_checkout(_checkout_candidates())
-    if root is None:
-        print(f"{name}: the benchmark harness is not installed with batchq: it lives in "
-              "the top-level bench/ folder of a batchq source checkout. Run this from "
-              "such a checkout (or use `python -m bench` there).", file=sys.stderr)
-        return exitcodes.EXIT_USAGE
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    try:
-        harness = importlib.import_module("bench.__main__")
-    except ImportError as exc:
-        print(f"{name}: cannot import the harness of the checkout {root}: {exc}",
-              file=sys.stderr)
-        return exitcodes.EXIT_USAGE
-    found = Path(getattr(harness, "__file__", "") or "").resolve()
-    if not found.is_relative_to(root / "bench"):
-        print(f"{name}: the module bench.__main__ was found at {found}, not in the "
-              f"checkout {root}; another package named bench is in the way",
-              file=sys.stderr)
-        return exitcodes.EXIT_USAGE
-    code: int = harness.main([args.bench_command, *args.rest])
-    return code
+    """The harness is not part of the installed package: say how to run it."""
+    rest = " ".join(args.rest)
+    print(f"batchq bench {args.bench_command}: the benchmark harness is not installed with "
+          "batchq (only `batchq bench load` is): it is the top-level bench/ folder of a "
+          "batchq source checkout. Run it there: "
+          f"python -m bench {args.bench_command}{' ' + rest if rest else ''}",
+          file=sys.stderr)
+    return exitcodes.EXIT_USAGE
 
 
 def _parse_args(raw: str) -> tuple[list[Any], dict[str, Any]]:

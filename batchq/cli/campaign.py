@@ -96,10 +96,11 @@ def _list(args: argparse.Namespace, rows: list[CampaignStats]) -> None:
         out("no campaigns")
         return
     out(table(["ID", "STATE", "TOTAL", "PENDING", "SUCCEEDED", "DEAD", "CANCELLED",
-               "CREATED"],
+               "EXPIRED", "CREATED"],
               [[text(s.id), s.state, str(s.total), str(s.pending), str(s.succeeded),
-                str(s.dead), str(s.cancelled), iso(s.created_at)] for s in rows],
-              right={2, 3, 4, 5, 6}))
+                str(s.dead), str(s.cancelled), str(s.expired), iso(s.created_at)]
+               for s in rows],
+              right={2, 3, 4, 5, 6, 7}))
 
 
 def _show(s: CampaignStats) -> str:
@@ -113,6 +114,7 @@ def _show(s: CampaignStats) -> str:
         f"succeeded:  {s.succeeded}",
         f"dead:       {s.dead}",
         f"cancelled:  {s.cancelled}",
+        f"expired:    {s.expired}",
         f"queues:     {', '.join(text(q) for q in s.queues) or '-'}",
         f"created at: {iso(s.created_at)}",
     ]
@@ -142,16 +144,18 @@ def _watch(args: argparse.Namespace, c: Any, cid: str) -> None:
     s = campaigns.stats(c, cid)
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[rate]}/s"), TimeRemainingColumn(),
-               TextColumn("dead {task.fields[dead]} cancelled {task.fields[cancelled]}"),
+               TextColumn("dead {task.fields[dead]} cancelled {task.fields[cancelled]} "
+                          "expired {task.fields[expired]}"),
                TimeElapsedColumn())
     with Progress(*columns, refresh_per_second=4) as bar:
         task = bar.add_task(text(cid), total=s.total or None, rate="-", dead=s.dead,
-                            cancelled=s.cancelled)
+                            cancelled=s.cancelled, expired=s.expired)
         while True:
             finished = s.total - s.pending
             speed = bar.tasks[0].speed
             bar.update(task, total=s.total or None, completed=finished, dead=s.dead,
-                       cancelled=s.cancelled, rate=f"{speed:,.0f}" if speed else "-",
+                       cancelled=s.cancelled, expired=s.expired,
+                       rate=f"{speed:,.0f}" if speed else "-",
                        description=f"{text(cid)} [{s.state}]")
             if s.done:
                 break

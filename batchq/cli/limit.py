@@ -20,6 +20,7 @@ from .. import exitcodes, flow_view
 from ..keys import queues_key
 from ..limits import DEFAULT_GROUP, MAX_COUNT, MAX_RATE, MAX_WEIGHT, QUEUE_FIELD, Limit, check_group
 from ..queue import Queue
+from . import limit_window
 from .audit import audited
 from .common import (
     Target,
@@ -41,7 +42,8 @@ from .info import limit_group, wait_text
 USAGE = ("batchq limit {action} [MODULE:APP] QUEUE [--group G] {flags}[--json] "
          "[--redis-url URL] [--namespace NS]")
 SET_FLAGS = ("[--rate R|R/s|R/m] [--burst N] [--concurrency N] [--max-pending N] "
-             "[--weight W] ")
+             "[--weight W] [--max-per-minute|hour|day|month N] [--tz TZ] ")
+CAL_FLAGS = ("max_per_minute", "max_per_hour", "max_per_day", "max_per_month")
 WAITING_DEFAULT = 20
 
 
@@ -88,18 +90,25 @@ def _subject(q: Queue, group: str | None) -> str:
 
 
 def limit_dict(lim: Limit) -> dict[str, Any]:
-    return {"group": lim.group, "rate_per_s": lim.rate_per_s, "burst": lim.burst,
-            "concurrency": lim.concurrency, "max_pending": lim.max_pending,
-            "weight": lim.weight}
+    row = {"group": lim.group, "rate_per_s": lim.rate_per_s, "burst": lim.burst,
+           "concurrency": lim.concurrency, "max_pending": lim.max_pending,
+           "weight": lim.weight}
+    for kind, n in lim.calendar.items():
+        row[f"max_per_{kind}"] = n
+    if lim.calendar:
+        row["tz"] = lim.tz or "UTC"
+    return row
 
 
 def cmd_set(args: argparse.Namespace) -> int:
     group = _group(args.group)
-    values = (args.rate, args.concurrency, args.max_pending, args.weight)
+    cal = {f: getattr(args, f) for f in CAL_FLAGS}
+    values = (args.rate, args.concurrency, args.max_pending, args.weight, *cal.values())
     if args.burst is not None and args.rate is None:
         raise usage("--burst needs --rate (it is the size of the rate's token bucket)")
     if all(v is None for v in values):
-        raise usage("give at least one of --rate, --concurrency, --max-pending, --weight")
+        raise usage("give at least one of --rate, --concurrency, --max-pending, --weight, "
+                    "--max-per-minute, --max-per-hour, --max-per-day, --max-per-month")
     if group is None and args.max_pending is not None:
         raise usage("--max-pending needs --group (a quota is per group; --group '*' "
                     "for every group)")
@@ -107,7 +116,7 @@ def cmd_set(args: argparse.Namespace) -> int:
         raise usage("--weight needs --group (a group's share of the turns)")
     try:
         lim = Limit(group, args.rate, args.burst, args.concurrency, args.max_pending,
-                    args.weight)
+                    args.weight, tz=args.tz, **cal)
     except (TypeError, ValueError) as exc:
         raise usage(str(exc)) from None
     t, q = _queue(args)
@@ -116,7 +125,7 @@ def cmd_set(args: argparse.Namespace) -> int:
         with audited(t, "limit_set", _subject(q, group), lim.describe()):
             stored = q.limit(group, rate_per_s=lim.rate_per_s, burst=lim.burst,
                              concurrency=lim.concurrency, max_pending=lim.max_pending,
-                             weight=lim.weight)
+                             weight=lim.weight, tz=lim.tz, **cal)
     except ValueError as exc:  # a queue-wide limit on a sharded queue
         raise usage(str(exc)) from None
     if args.json:
@@ -169,8 +178,10 @@ def cmd_list(args: argparse.Namespace) -> int:
     waiting = [{"group": g.group, "state": g.state, "until_s": round(g.until_s, 3),
                 "why": g.why or None, "pending": g.pending, "running": g.running}
                for g in flow.waiting]
+    wins = {"windows": [limit_window.window_dict(w) for w in q.windows()]}
     if args.json:
         out(dumps({"queue": q.name, "limits": [row(x) for x in lims],
+                   **(wins if wins["windows"] else {}),
                    "grouped": st.grouped, "groups_ready": st.groups_active,
                    "groups_waiting": st.groups_waiting, "held_s": round(st.held_s, 3),
                    "held_why": flow.held_why or None, "waiting_groups": waiting}))
@@ -181,8 +192,10 @@ def cmd_list(args: argparse.Namespace) -> int:
                 for x in lims]
         out(table(["QUEUE", "GROUP", "RATE", "BURST", "CONCURRENCY", "MAX_PENDING",
                    "WEIGHT"], rows, right={2, 3, 4, 5, 6}))
+        limit_window.print_quotas(lims, use)
     else:
         out(f"no limits on queue {q.name}")
+    limit_window.print_windows(q)
     why = f" ({flow.held_why})" if flow.held_why else ""
     held = f"; the queue is held for {duration(st.held_s)}{why}" if st.held_s else ""
     out(f"groups: {st.groups_active} ready, {st.groups_waiting} waiting "
@@ -211,12 +224,13 @@ def _common(p: argparse.ArgumentParser, group_help: str | None) -> None:
 def add_commands(sub: Any) -> None:
     top = sub.add_parser(
         "limit", help="set, list or remove the flow-control limits of a queue",
-        usage="batchq limit {set,list,rm} [MODULE:APP] QUEUE [options]",
+        usage="batchq limit {set,list,rm,window,window-rm} [MODULE:APP] QUEUE [options]",
         description="Rate, concurrency and quota limits of a queue or of its groups, "
         "kept in Redis: every worker applies a change on its next fetch. The app comes "
         "first, as in every command.")
     _one_line_errors(top)
-    acts = top.add_subparsers(dest="action", required=True, metavar="{set,list,rm}")
+    acts = top.add_subparsers(dest="action", required=True,
+                              metavar="{set,list,rm,window,window-rm}")
 
     p = acts.add_parser(
         "set", prog="batchq limit set", help="set (replace) the limit of the queue or of a group",
@@ -239,6 +253,12 @@ def add_commands(sub: Any) -> None:
                    "finished; an enqueue past it raises QuotaExceeded")
     p.add_argument("--weight", type=positive_number(MAX_WEIGHT), default=None,
                    metavar="W", help="a group's share of the turns (default 1)")
+    for kind in ("minute", "hour", "day", "month"):
+        p.add_argument(f"--max-per-{kind}", type=count_between(1, MAX_COUNT), default=None,
+                       metavar="N", help=f"job starts per calendar {kind} in --tz; past "
+                       "it the jobs wait, ready, for the next one")
+    p.add_argument("--tz", default=None, metavar="TZ", help="the time zone of the calendar "
+                   "quotas (IANA name, default UTC; daylight saving included)")
     p.set_defaults(handler=guarded("limit set", cmd_set))
 
     p = acts.add_parser("list", prog="batchq limit list",
@@ -257,3 +277,4 @@ def add_commands(sub: Any) -> None:
     _common(p, "the group whose limit goes (default: the queue's own; '*': the default "
             "limit of every group)")
     p.set_defaults(handler=guarded("limit rm", cmd_rm))
+    limit_window.add_actions(acts, _common, _queue, _group)

@@ -217,8 +217,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not args.processes:
         if args.metrics_port and not args.no_metrics:
             from ..metrics_http import serve_in_thread
+            from ..supervisor_metrics import app_collectors
 
-            serve_in_thread(app, args.metrics_addr, args.metrics_port)
+            serve_in_thread(app, args.metrics_addr, args.metrics_port, app_collectors(app))
         console = _start_console(app, web) if web is not None else None
         try:
             code = run_worker(app, settings)

@@ -1,7 +1,8 @@
 """The Lua scripts, one atomic operation per file, loaded once per process.
 
-Every script gets the parts of ``_lib.lua`` it uses prepended (time from the server, the
-job header parser, the dead-record writer; ``library_for``). Calls use EVALSHA and, on
+Every script gets the library definitions it uses prepended (time from the server, the
+job header parser, the dead-record writer...; ``library_for``): ``_lib.lua`` and the topic
+include files of ``LIBRARY``. Calls use EVALSHA and, on
 NOSCRIPT (a restarted or failed-over server), SCRIPT LOAD and one retry: a NOSCRIPT reply
 means the script did not run, so the retry cannot apply it twice. Inside pipelines
 scripts are queued as plain EVALSHA commands (no SCRIPT EXISTS round trip per pipeline,
@@ -67,23 +68,43 @@ def source(name: str) -> str:
     return library_for(_library(), body) + "\n" + body
 
 
+LIBRARY = ("_lib.lua", "_entries.lua", "_dead.lua", "_writes.lua", "_leases.lua",
+           "_bundles.lua", "_tracked.lua", "_waiting.lua", "_groups.lua", "_windows.lua",
+           "_events.lua",
+           "_pop_reap.lua", "_pop_reserve.lua", "_pop_groups.lua",
+           "_pop_reply.lua", "_expiry.lua")
+"""The library's files in order: a definition may use only those above it (Lua locals)."""
+
+
+def include(name: str) -> str:
+    """The text of one library file."""
+    return resources.files(__name__).joinpath(name).read_text(encoding="utf-8")
+
+
 @cache
 def _library() -> str:
-    """The text of ``_lib.lua`` (read once per process)."""
-    return resources.files(__name__).joinpath("_lib.lua").read_text(encoding="utf-8")
+    """The library's definitions, file after file in ``LIBRARY`` order, under the head of
+    ``_lib.lua`` (the other files' own head comments are not sent). Read once per
+    process."""
+    parts = []
+    for i, name in enumerate(LIBRARY):
+        head, defs = definitions(include(name), name)
+        parts.append(head if i == 0 else "")
+        parts.extend(text for _, text in defs)
+    return "".join(parts)
 
 
 _DEFINITION = re.compile(r"local (?:function )?([A-Za-z_]\w*)")
 _WORD = re.compile(r"[A-Za-z_]\w*")
 
 
-def definitions(lib: str) -> tuple[str, list[tuple[str, str]]]:
-    """``_lib.lua`` split into its head (the text before the first definition) and its
-    top-level definitions in order, ``(name, text)``: a line ``local function NAME`` (to
-    its ``end`` at column 0, or on one line) or ``local NAME = ...``, with the comment
-    lines right above it; blank lines and comments after a blank line stay with the text
-    before them. Any other top-level line is a ``ValueError``: the library keeps to this
-    layout."""
+def definitions(lib: str, name: str = "library") -> tuple[str, list[tuple[str, str]]]:
+    """A library file ``lib`` (called ``name`` in errors) split into its head (the text
+    before the first definition) and its top-level definitions in order, ``(name,
+    text)``: a line ``local function NAME`` (to its ``end`` at column 0, or on one line)
+    or ``local NAME = ...``, with the comment lines right above it; blank lines and
+    comments after a blank line stay with the text before them. Any other top-level line
+    is a ``ValueError``: the library keeps to this layout."""
     head: list[str] = []
     defs: list[tuple[str, list[str]]] = []
     above: list[str] = []  # top-level comments, for the definition below them
@@ -106,7 +127,7 @@ def definitions(lib: str) -> tuple[str, list[tuple[str, str]]]:
             (defs[-1][1] if defs else head).extend([*above, line])
             above = []
         else:
-            raise ValueError(f"_lib.lua: a top-level line that defines nothing: {line!r}")
+            raise ValueError(f"{name}: a top-level line that defines nothing: {line!r}")
     (defs[-1][1] if defs else head).extend(above)
     return "".join(head), [(name, "".join(text)) for name, text in defs]
 

@@ -5,13 +5,13 @@
 -- KEYS[3]  stats hash: "succeeded" counts the acks applied, exactly once each
 -- KEYS[4]  recovered hash, KEYS[5] started hash: the crash marks (pop.lua), forgotten
 -- KEYS[6]  campaigns hash, KEYS[7] jobmeta hash, KEYS[8] dedup hash, KEYS[9] dedup:exp
---          zset: tracked jobs (ids ending "_m") are settled as succeeded (_lib.lua)
+--          zset: tracked jobs (ids ending "_m") are settled as succeeded (_tracked.lua)
 -- KEYS[10] gwait zset, KEYS[11] gstate hash, KEYS[12] wake list: grouped jobs give back
---          their group's running slot and quota count (_lib.lua gsettle)
--- KEYS[13] bundles zset (_lib.lua "Bundles")
+--          their group's running slot and quota count (_groups.lua gsettle)
+-- KEYS[13] bundles zset (_bundles.lua)
 -- KEYS[14] evconf hash, KEYS[15] events stream: when events are on, one "succeeded"
---          per job settled here (_lib.lua "Job events")
--- ARGV     leases "<id>:<attempt>", or "<bundle><position>" (_lib.lua "Bundles"), or
+--          per job settled here (_events.lua)
+-- ARGV     leases "<id>:<attempt>", or "<bundle><position>" (_bundles.lua), or
 --          jobs of one bundle in one argument, "<bundle>#<position><position>..."
 --          (calls.ack makes these: one argument for each run of a bundle's leases, an
 --          argument costs a call more than its job's work); at most 1000 jobs per call
@@ -109,11 +109,17 @@ if #cache > 0 then
 end
 local scores = #singles > 0 and redis.call('ZMSCORE', reserved, unpack(singles)) or {}
 local live, ids, marked = {}, {}, {}
+local nl, nmk = 0, 0
+local match = string.match
 for i, m in ipairs(singles) do
   if scores[i] then
-    live[#live + 1] = m
-    ids[#ids + 1] = member_id(m)
-    if tracked(ids[#ids]) then marked[#marked + 1] = ids[#ids] end
+    -- a live lease is "<id>:<attempt>" (ZMSCORE found it), and no id has ":"
+    local id = match(m, '^([^:]+):')
+    nl = nl + 1
+    live[nl] = m
+    ids[nl] = id
+    local a, b = byte(id, -2, -1)
+    if a == 95 and b == 109 then nmk = nmk + 1; marked[nmk] = id end  -- tracked: "_m"
   else
     stale[#stale + 1] = at[i]
   end

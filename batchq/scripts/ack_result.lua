@@ -10,16 +10,16 @@
 --          while KEYS[7] exists
 -- KEYS[7]  waiters flag: set (with a TTL) by processes waiting for results of this queue
 -- KEYS[8]  campaigns hash, KEYS[9] jobmeta hash, KEYS[10] dedup hash, KEYS[11] dedup:exp
---          zset: tracked jobs (ids ending "_m") are settled as succeeded (_lib.lua)
+--          zset: tracked jobs (ids ending "_m") are settled as succeeded (_tracked.lua)
 -- KEYS[12] gwait zset, KEYS[13] gstate hash, KEYS[14] wake list: grouped jobs give back
---          their group's running slot and quota count (_lib.lua gsettle)
--- KEYS[15] bundles zset (_lib.lua "Bundles")
+--          their group's running slot and quota count (_groups.lua gsettle)
+-- KEYS[15] bundles zset (_bundles.lua)
 -- KEYS[16] evconf hash, KEYS[17] events stream: when events are on, one "succeeded"
---          per job settled here (_lib.lua "Job events")
+--          per job settled here (_events.lua)
 -- The keys after those: the result key of each job, in the order of the triples below
 -- (KEYS[RESULTS + j] belongs to the j-th triple).
--- ARGV     triples: lease "<id>:<attempt>" or "<bundle><position>" (_lib.lua
---          "Bundles"), result TTL in ms, msgpack result (at most
+-- ARGV     triples: lease "<id>:<attempt>" or "<bundle><position>"
+--          (_bundles.lua), result TTL in ms, msgpack result (at most
 --          1000 triples per call)
 -- Returns  the positions (1-based, counting triples) of stale leases: ones no longer
 --          reserved. A stale ack writes nothing, not even its result. When campaigns
@@ -63,7 +63,7 @@ local j = 0
 for i = 1, #ARGV - 2, 3 do
   j = j + 1
   local m = ARGV[i]
-  if string.byte(m, 1) == 58 then  -- ":": a bundle's job (_lib.lua "Bundles")
+  if string.byte(m, 1) == 58 then  -- ":": a bundle's job (_bundles.lua)
     local b, p = bundle_pos(m)
     local id, e = bundle_job(bundle_state(inflight, cache, b), p)
     if id then

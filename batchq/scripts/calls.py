@@ -33,7 +33,7 @@ KEY_ORDER: dict[str, tuple[str, ...]] = {
     "schedule": ("delayed", "wake", "inflight", "ready", "stats", "pending"),
     "pop": ("delayed", "reserved", "inflight", "dead", "dead_jobs", "wake", "paused",
             *_READY_ALL, "stats", "recovered", "started", *_TRACKED, "pending", "cancel",
-            "done", *_WAIT, *_GROUPS, "limits", "idle", "bundles", *_EVENTS),
+            "done", *_WAIT, *_GROUPS, "limits", "idle", "bundles", *_EVENTS, "expires"),
     "ack": ("reserved", "inflight", "stats", "recovered", "started", *_TRACKED, "gwait",
             "gstate", "wake", "bundles", *_EVENTS),
     "ack_result": ("reserved", "inflight", "stats", "recovered", "started", "done",
@@ -46,7 +46,7 @@ KEY_ORDER: dict[str, tuple[str, ...]] = {
     "enqueue_group": (*_GROUPS, "limits", "delayed", "wake", "inflight", "stats",
                       "pending", *_WAIT),
     "enqueue_tracked": ("ready", "delayed", "wake", "inflight", "stats", *_TRACKED,
-                        "pending", *_WAIT, *_GROUPS, "limits", "replace"),
+                        "pending", *_WAIT, *_GROUPS, "limits", "replace", "expires"),
     "campaign_queue": ("campaigns", "reserved", "jobmeta", *_EVENTS),
     "campaign_open": ("record",),
     "campaign_join": ("record", "queues"),
@@ -153,29 +153,33 @@ def schedule(k: QueueKeys, priority: int, mode: str, when_ms: int,
 
 def enqueue_tracked(k: QueueKeys, priority: int, mode: str, when_ms: int, campaign: str,
                     key_ttl_ms: int, trim: int, pairs: Sequence[bytes | str], *,
-                    check: bool, on_conflict: str = "keep", scan: int = 1000) -> Call:
+                    check: bool, on_conflict: str = "keep", scan: int = 1000,
+                    expiry: str = "") -> Call:
     """Write tracked jobs: ``pairs`` is (entry, dedup key or "") flattened; ``mode``
     ``"ready"``, ``"rel"`` or ``"abs"`` (then ``when_ms`` is the delay or due time);
     ``campaign`` "" for none; ``trim``: lapsed dedup keys dropped at most;
     ``on_conflict``: ``"keep"``, ``"replace"`` or ``"debounce"``; ``scan``: ready-list
-    entries searched at most for a job to replace."""
+    entries searched at most for a job to replace; ``expiry``: the jobs' deadline
+    (``options.expiry_spec``), "" for none."""
     return Call("enqueue_tracked", _keys("enqueue_tracked", k, priority),
                 ["1" if check else "0", mode, when_ms, campaign, key_ttl_ms, trim,
-                 on_conflict, scan, *pairs])
+                 on_conflict, scan, expiry, *pairs])
 
 
 def campaign_queue(k: QueueKeys, campaign: str, mode: str, generation: str = "",
-                   scan: int = 100_000) -> Call:
+                   scan: int = 100_000, expires: str = "") -> Call:
     """Read or change one campaign's flag on one queue (``campaign_queue.lua``);
-    ``scan``: leases looked at, at most, to count the campaign's running jobs."""
+    ``scan``: leases looked at, at most, to count the campaign's running jobs;
+    ``expires``: ``"open"``: the campaign's deadline (Unix ms), "" for none."""
     return Call("campaign_queue", _keys("campaign_queue", k),
-                [campaign, mode, generation, scan])
+                [campaign, mode, generation, scan, expires])
 
 
 def campaign_open(k: CampaignKeys, on_complete: str, queue: str, priority: int,
-                  max_attempts: int, ttl_ms: int) -> Call:
+                  max_attempts: int, ttl_ms: int, expires_ms: int | None = None) -> Call:
     return Call("campaign_open", _keys("campaign_open", k),
-                [on_complete, queue, priority, max_attempts, ttl_ms])
+                [on_complete, queue, priority, max_attempts, ttl_ms,
+                 "" if expires_ms is None else expires_ms])
 
 
 def campaign_join(k: CampaignKeys, queue: str) -> Call:
@@ -188,9 +192,9 @@ def campaign_close(k: CampaignKeys, mode: str) -> Call:
 
 
 def campaign_finish(k: CampaignKeys, total: int, succeeded: int, dead: int,
-                    cancelled: int) -> Call:
+                    cancelled: int, expired: int = 0) -> Call:
     return Call("campaign_finish", _keys("campaign_finish", k),
-                [total, succeeded, dead, cancelled])
+                [total, succeeded, dead, cancelled, expired])
 
 
 DROP_MAX = 1000

@@ -1,13 +1,15 @@
 -- campaign_queue.lua: one campaign's flag and counters on one queue.
 --
 -- KEYS[1]  the queue's campaigns hash ("<id>:f" flag, "<id>:g" generation, counters
---          "<id>:t" total, ":p" pending, ":s" succeeded, ":d" dead, ":c" cancelled;
+--          "<id>:t" total, ":p" pending, ":s" succeeded, ":d" dead, ":c" cancelled,
+--          ":x" expired; ":e" its jobs' deadline (Unix ms: enqueue_tracked.lua stamps
+--          each job with it);
 --          "~cancelled": how many campaigns are cancelled here and not done, so
 --          pop.lua looks up flags only while that is above 0)
 -- KEYS[2]  the queue's reserved zset, KEYS[3] its jobmeta hash: "cancel" counts the
 --          campaign's jobs holding a lease (they run; the rest never will)
 -- KEYS[4]  evconf hash, KEYS[5] events stream: when events are on, "done" writes
---          "campaign_done" once (error: the final counts here) (_lib.lua "Job events")
+--          "campaign_done" once (error: the final counts here) (_events.lua)
 -- ARGV[1]  campaign id
 -- ARGV[2]  "read"; "open" (a producer joins: opens the flag for generation ARGV[3]
 --          unless it is closed for that generation already); "seal" (open -> sealed);
@@ -16,8 +18,9 @@
 -- ARGV[3]  the campaign's generation (created_ms) for "open"
 -- ARGV[4]  "cancel": at most this many leases are looked at (bounds the loop; the
 --          reserved set holds only what the fleet runs or prefetched)
--- Returns  {flag or "", t, p, s, d, c, leased} after the change (leased: "cancel" only,
---          else 0).
+-- ARGV[5]  "open": the campaign's jobs' deadline (Unix ms), "" for none
+-- Returns  {flag or "", t, p, s, d, c, leased, x} after the change (leased: "cancel"
+--          only, else 0).
 local campaigns = KEYS[1]
 local reserved = KEYS[2]
 local jobmeta = KEYS[3]
@@ -26,7 +29,7 @@ local events = KEYS[5]
 
 local cid, mode = ARGV[1], ARGV[2]
 local fk, gk = cid .. ':f', cid .. ':g'
-local names = {'t', 'p', 's', 'd', 'c'}
+local names = {'t', 'p', 's', 'd', 'c', 'x', 'e'}
 local f = redis.call('HGET', campaigns, fk)
 local leased = 0
 if mode == 'open' then
@@ -36,6 +39,7 @@ if mode == 'open' then
     if f == 'cancelled' then redis.call('HINCRBY', campaigns, '~cancelled', -1) end
     for _, n in ipairs(names) do redis.call('HDEL', campaigns, cid .. ':' .. n) end
     redis.call('HSET', campaigns, fk, 'open', gk, ARGV[3])
+    if (ARGV[5] or '') ~= '' then redis.call('HSET', campaigns, cid .. ':e', ARGV[5]) end
   end
 elseif mode == 'seal' then
   if f == 'open' or not f then redis.call('HSET', campaigns, fk, 'sealed') end
@@ -72,8 +76,9 @@ elseif mode == 'done' then
   for _, n in ipairs(names) do redis.call('HDEL', campaigns, cid .. ':' .. n) end
 end
 local out = {redis.call('HGET', campaigns, fk) or ''}
-for _, n in ipairs(names) do
-  out[#out + 1] = tonumber(redis.call('HGET', campaigns, cid .. ':' .. n) or '0')
+for i = 1, 5 do
+  out[#out + 1] = tonumber(redis.call('HGET', campaigns, cid .. ':' .. names[i]) or '0')
 end
 out[#out + 1] = leased
+out[#out + 1] = tonumber(redis.call('HGET', campaigns, cid .. ':x') or '0')
 return out

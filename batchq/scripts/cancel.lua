@@ -24,7 +24,7 @@
 --          pop.lua, dropping it, does not count it out again)
 -- KEYS[17] evconf hash, KEYS[18] events stream: when events are on, "cancelled" (the
 --          task only when the job was delayed: a ready one's entry is not read)
---          (_lib.lua "Job events")
+--          (_events.lua)
 -- ARGV[1]  job id
 -- ARGV[2]  how long cancelled records are kept (ms); older ones are trimmed here
 -- ARGV[3]  at most this many old records are trimmed per call
@@ -79,6 +79,7 @@ elseif v == 'r' or redis.call('ZREM', delayed, v) == 0 then
   free_quota()
 else
   redis.call('HINCRBY', stats, 'cancelled', 1)
+  redis.call('HDEL', cancel, id)  -- an expired tombstone (_expiry.lua) is no longer needed
   free_quota()
   if tracked(id) then
     settle_tracked(campaigns, jobmeta, dedup, dedup_exp, {id}, 'c', now, {})

@@ -13,7 +13,7 @@
 --          hash, KEYS[15] gwait zset: the hand-off (below)
 -- KEYS[16] evconf hash, KEYS[17] events stream: when events are on, a job handed off
 --          writes "started" (as pop.lua does for the jobs it leases; read only when
---          handing off) (_lib.lua "Job events")
+--          handing off) (_events.lua)
 -- ARGV[1]  "1" when this call retries one whose reply was lost: if its first job is
 --          already queued or running, the earlier call landed (a script is all or
 --          nothing) and nothing is written again
@@ -25,9 +25,9 @@
 -- Hand-off. A worker whose pop found nothing registers in the idle zset (pop.lua:
 -- member "<lease ms>|<worker>", scored by when the registration lapses) and blocks on
 -- the wake list. While registrations are live (and the queue is neither paused, held,
--- nor under a queue-wide limit), each of the call's first jobs takes one: it is leased
--- here exactly as pop.lua leases (attempt counted, inflight + reserved, for the
--- registered lease), and the leased entry itself is pushed on the wake list, so the
+-- nor under a queue-wide limit or send window), each of the call's first jobs takes
+-- one: it is leased here exactly as pop.lua leases (attempt counted, inflight +
+-- reserved, for the registered lease), and the leased entry itself is pushed on the wake list, so the
 -- BLPOP that wakes a worker hands it the job in the same round trip. Nothing new can
 -- be lost: the job is reserved from this moment, so a worker that dies holding it, or
 -- an entry nobody takes, is reaped when the lease expires (pop.lua then also removes
@@ -71,8 +71,10 @@ if ARGV[1] ~= '1' and redis.call('ZCARD', idle) > 0 then
   -- the events config is named twice: EXISTS counts each mention (odd: paused; >= 2:
   -- events on), so a hand-off with events off costs no command more
   local flags = redis.call('EXISTS', paused, evconf, evconf)
-  if flags % 2 == 0
-      and redis.call('HEXISTS', limits, QUEUE) == 0
+  -- the queue's own limit and send window: a job of a limited or windowed queue waits
+  -- for a pop, which applies them
+  local own = redis.call('HMGET', limits, QUEUE, QUEUE .. '#w')
+  if flags % 2 == 0 and not own[1] and not own[2]
       and tonumber(redis.call('ZSCORE', gwait, QUEUE) or '0') <= now then
     -- one registration per job; a lapsed one popped here is dropped, not used
     local regs = redis.call('ZPOPMIN', idle, #ARGV - 2)

@@ -53,9 +53,7 @@ if lim and lim.max and n + count > lim.max then
   return -2
 end
 if mode == 'ready' then
-  local items = {}
-  for i = 7, #ARGV do items[#items + 1] = {g, p, ARGV[i]} end
-  gpush(gready, gstate, items, false)
+  gpush_tail(gready, gstate, g, p, ARGV, 7)
   gwake(groups, gwait, gstate, g)
   mark_waiting(top, ARGV[6], WAIT0)
 else

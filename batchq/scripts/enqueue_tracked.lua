@@ -10,7 +10,7 @@
 -- KEYS[10] pending hash: a delayed job's id -> its entry (cancel.lua, status.lua)
 -- KEYS[11] seq counter; KEYS[12..15] waiting bitmaps, slots 0..3: a ready job's bit
 --          (its id's sequence number, "-<hex>_m") is set, a few commands per run of
---          consecutive numbers (_lib.lua set_waiting)
+--          consecutive numbers (_waiting.lua set_waiting)
 -- KEYS[16] gready zset, KEYS[17] groups zset, KEYS[18] gwait zset, KEYS[19] gstate
 --          hash, KEYS[20] limits hash: jobs of a group (their ids end "~<g>_m", all of
 --          one call in one group) go to the group (see enqueue_group.lua), within its
@@ -32,7 +32,11 @@
 --          settled, or a ready one not found (LPOS: a grouped job, another priority,
 --          deeper than ARGV[8]), is kept.
 -- ARGV[8]  LPOS scans at most this many entries of the ready list, from its tail
--- ARGV[9..] pairs: encoded job (id ending "_m"), dedup key ("" for none); at most 1000
+-- KEYS[22] expires zset: the jobs' deadline (_expiry.lua), the earlier of ARGV[9] and
+--          the campaign's ("<campaign>:e" in the campaigns hash, campaign_queue.lua)
+-- ARGV[9]  the jobs' expiry: "r<ms>" (after the server's now), "a<Unix ms>", then "k"
+--          (kept in dead once expired); "" for none
+-- ARGV[10..] pairs: encoded job (id ending "_m"), dedup key ("" for none); at most 1000
 -- Returns  {0, written, position, id, position, id, ...}: the 1-based positions of jobs
 --          not written because their key is held (kept or replaced), and the id
 --          holding it; or {1} when
@@ -59,6 +63,7 @@ local gwait = KEYS[18]
 local gstate = KEYS[19]
 local limits = KEYS[20]
 local replace = KEYS[21]
+local expires = KEYS[22]
 
 local check = ARGV[1] == '1'
 local mode = ARGV[2]
@@ -66,7 +71,7 @@ local cid = ARGV[4]
 local ttl = ARGV[5]
 local conflict = ARGV[7]
 local scan = tonumber(ARGV[8])
-local P0 = 8  -- ARGV[P0 + 2 * i - 1], ARGV[P0 + 2 * i]: row i's entry and key
+local P0 = 9  -- ARGV[P0 + 2 * i - 1], ARGV[P0 + 2 * i]: row i's entry and key
 
 -- a campaign not open here refuses the call, unless the call would write nothing: every
 -- row keyed and every key held (a producer run again after the campaign closed)
@@ -246,10 +251,7 @@ end
 
 if ready_mode then
   if g then
-    local p = tonumber(string.sub(entries[1], 1, 1))
-    local items = {}
-    for j, e in ipairs(entries) do items[j] = {g, p, e} end
-    gpush(gready, gstate, items, false)
+    gpush_tail(gready, gstate, g, tonumber(string.sub(entries[1], 1, 1)), entries, 1)
     gwake(groups, gwait, gstate, g)
   else
     redis.call('RPUSH', ready, unpack(entries))
@@ -270,6 +272,11 @@ else
   redis.call('HSET', pending, unpack(idx))
 end
 redis.call('HSET', jobmeta, unpack(metas))
+-- the deadline: the call's own, or its campaign's when that is earlier
+local exp_at, exp_keep = expiry_of(ARGV[9], now)
+local camp_at = cid ~= '' and tonumber(redis.call('HGET', campaigns, cid .. ':e') or '')
+if camp_at and (not exp_at or camp_at < exp_at) then exp_at = camp_at end
+if exp_at then expiry_stamp(expires, exp_at, exp_keep, metas, 2) end
 if nside > 0 then redis.call('HSET', replace, unpack(side)) end
 if nc > 0 then redis.call('HSET', dedup, unpack(claims)) end
 -- a lapsed key taken again is held anew (until its new job settles)

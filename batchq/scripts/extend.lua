@@ -1,6 +1,6 @@
 -- extend.lua: push the deadline of leases a worker still holds to now + ARGV[1] ms.
 --
--- KEYS[1]  reserved zset, KEYS[2] bundles zset (_lib.lua "Bundles")
+-- KEYS[1]  reserved zset, KEYS[2] bundles zset (_bundles.lua)
 -- ARGV[1]  lease in ms
 -- ARGV[2..] leases "<id>:<attempt>" or "<bundle><position>" (at most 1000 per call)
 -- Returns  the positions (1-based, among the leases) of leases that were lost: already
@@ -9,7 +9,7 @@ local reserved = KEYS[1]
 local bundles = KEYS[2]
 
 local deadline = now_ms() + tonumber(ARGV[1])
--- the leases of each zset: a bundle's jobs (_lib.lua "Bundles") extend their bundle,
+-- the leases of each zset: a bundle's jobs (_bundles.lua) extend their bundle,
 -- one member for all of them
 local singles, bunch = {}, {}
 local at, seen = {}, {}

@@ -1,6 +1,6 @@
 -- gready_stats.lua: read only. The grouped ready jobs of a queue by priority, and the
 -- one first in line (for the oldest ready age), for operators (batchq/stats.py): a skip
--- scan of gready (_lib.lua "Groups") that visits each group once, never each job.
+-- scan of gready (_groups.lua) that visits each group once, never each job.
 -- Per group: its first and last member; when both have the same priority (the usual
 -- case) one ZLEXCOUNT counts the group, else one ZLEXCOUNT and one ZRANGEBYLEX per
 -- priority between them. The candidate for the oldest is the first job of each

@@ -10,7 +10,7 @@
 -- KEYS[1]  groups zset (the rotation)     KEYS[3]  gstate hash ("<member>:why")
 -- KEYS[2]  gwait zset (holds and waits)   KEYS[4]  wake list
 -- KEYS[5]  evconf hash, KEYS[6] events stream: when events are on, a hold set writes
---          "held", a hold lifted "hold_lifted" (_lib.lua "Job events")
+--          "held", a hold lifted "hold_lifted" (_events.lua)
 -- ARGV[1]  member: "~q" (the whole queue) or a group's hex name
 -- ARGV[2]  hold in ms; 0: release
 -- ARGV[3]  why: the hold's reason, stored with its end time

@@ -8,19 +8,19 @@
 -- KEYS[8]  recovered hash, KEYS[9] started hash: the crash marks (pop.lua), forgotten
 -- KEYS[10] campaigns hash, KEYS[11] jobmeta hash, KEYS[12] dedup hash, KEYS[13]
 --          dedup:exp zset: tracked jobs (ids ending "_m") that die are settled as dead
---          (_lib.lua)
+--          (_tracked.lua)
 -- KEYS[14] pending hash: a retried job waits in the delayed set again (id -> entry)
 -- KEYS[15] done: prefix of the per-job channels; a dead-lettered job is announced on
 --          "<done>:<id>" with "d" (result waiters wake)
 -- KEYS[16] gwait zset, KEYS[17] gstate hash: grouped jobs give back their group's
---          running slot; a dead one also leaves the quota count (_lib.lua gsettle)
--- KEYS[18] bundles zset (_lib.lua "Bundles")
+--          running slot; a dead one also leaves the quota count (_groups.lua gsettle)
+-- KEYS[18] bundles zset (_bundles.lua)
 -- KEYS[19] evconf hash, KEYS[20] events stream: when events are on, "retried" (with the
 --          error) or "dead" (with the reason and error of the dead record) per job
---          (_lib.lua "Job events")
+--          (_events.lua)
 -- ARGV[1]  R, the number of retries that follow
--- ARGV[2..2R+1]        pairs: lease "<id>:<attempt>" or "<bundle><position>" (_lib.lua
---                      "Bundles"), retry delay in ms, optionally followed by a newline
+-- ARGV[2..2R+1]        pairs: lease "<id>:<attempt>" or "<bundle><position>"
+--                      (_bundles.lua), retry delay in ms, optionally followed by a newline
 --                      and the error (for the event)
 -- ARGV[2R+2..]         pairs: lease, dead record (msgpack, built by the worker)
 -- Returns  the positions (1-based, counting pairs) of stale leases, for which nothing
@@ -69,7 +69,7 @@ local back, gone = {}, {}  -- ids retried, ids dead
 local retried, buried = 0, 0
 local died = {}  -- tracked jobs that die
 local i = 2
-local cache = {}  -- bundles met (_lib.lua "Bundles")
+local cache = {}  -- bundles met (_bundles.lua)
 while i < #ARGV do
   local m, v = ARGV[i], ARGV[i + 1]
   local id, e

@@ -9,14 +9,14 @@
 -- KEYS[15] pending hash: a given-back job is ready again (job_status, cancel.lua)
 -- KEYS[16] gready zset, KEYS[17] groups zset, KEYS[18] gwait zset, KEYS[19] gstate
 --          hash: a grouped job goes back to its group and gives back its running slot
--- KEYS[20] stats hash: "bundled" (_lib.lua bundle_done), KEYS[21] bundles zset
+-- KEYS[20] stats hash: "bundled" (_bundles.lua bundle_done), KEYS[21] bundles zset
 -- KEYS[22] evconf hash, KEYS[23] events stream: when events are on, each hold set here
---          writes "held" (_lib.lua "Job events"); a job given back writes nothing (its
+--          writes "held" (_events.lua); a job given back writes nothing (its
 --          next pop writes "started" again)
 -- ARGV[1]  hold in ms (0: none): each given-back job's group (or, for a job without a
 --          group, the whole queue) starts no job until now + hold (RateLimited, its
 --          reason in gstate "<g>:why", hold.lua); a longer hold already set is kept
--- ARGV[2..] leases "<id>:<attempt>" or "<bundle><position>" (_lib.lua "Bundles"), in
+-- ARGV[2..] leases "<id>:<attempt>" or "<bundle><position>" (_bundles.lua), in
 --          the order the jobs were popped
 -- Returns  how many were given back (stale leases are skipped).
 local reserved = KEYS[1]
@@ -57,7 +57,7 @@ local marks = redis.call('HLEN', started) > 0
 local n = 0
 local back, woken = {}, {}
 local plain = false  -- a job without a group went back: a hold holds the whole queue
-local cache = {}  -- bundles met (_lib.lua "Bundles")
+local cache = {}  -- bundles met (_bundles.lua)
 for i = #ARGV, 2, -1 do
   local m = ARGV[i]
   local single = string.byte(m, 1) ~= 58  -- ":": a bundle's job

@@ -14,7 +14,7 @@
 -- KEYS[23] jobmeta hash: read only, a tracked job's campaign for its event
 -- KEYS[24] evconf hash, KEYS[25] events stream: when events are on, a rerouted job
 --          writes "rerouted" (task: the fallback's; error: the task it had), a held one
---          "held" (error: "breaker") (_lib.lua "Job events")
+--          "held" (error: "breaker") (_events.lua)
 -- ARGV[1]  hold in ms: a held job is due that long from now
 -- ARGV[2..] triples: lease ("<id>:<attempt>" or a bundle job's), the job's task (its
 --          "rerouted" count), the fallback's msgpack body ("" to hold the job)
@@ -46,7 +46,7 @@ local marks = redis.call('HLEN', started) > 0
 local ev = ev_open(evconf)
 local held, moved = 0, 0
 local back, woken = {}, {}
-local cache = {}  -- bundles met (_lib.lua "Bundles")
+local cache = {}  -- bundles met (_bundles.lua)
 for i = 2, #ARGV - 2, 3 do
   local m, task, body = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local single = string.byte(m, 1) ~= 58  -- ":": a bundle's job

@@ -31,7 +31,7 @@ local due = tonumber(ARGV[3])
 if ARGV[2] == 'rel' then
   due = now_ms() + due
 end
--- results/status/cancel: the jobs are indexed by id too (_lib.lua add_delayed)
+-- results/status/cancel: the jobs are indexed by id too (_writes.lua add_delayed)
 add_delayed(delayed, pending, due, 4)
 redis.call('HINCRBY', stats, 'enqueued', #ARGV - 3)
 leave_wake_token(wake)

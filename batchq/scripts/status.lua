@@ -4,13 +4,14 @@
 -- KEYS[2]  inflight hash: id -> entry of a reserved (running) job, and the bundles
 -- KEYS[3]  dead:jobs hash: id -> dead record
 -- KEYS[4]  cancelled zset: id -> when it was cancelled
--- KEYS[5]  cancel hash: cancelled ready jobs not popped yet
+-- KEYS[5]  cancel hash: cancelled ready jobs not popped yet; "X": a job dropped unrun at
+--          its deadline (pop.lua, kept for a while)
 -- KEYS[6]  seq counter; KEYS[7..10] waiting bitmaps, slots 0..3 (enqueue.lua)
 -- The key after those: the job's result key (KEYS[RESULTS + 1]).
 -- ARGV[1]  job id
 -- ARGV[2]  "1": also return the result value or the dead record
 -- Returns  {state} or {state, payload}: state is ready, delayed, reserved, succeeded
---          (while its result is kept), dead, cancelled or unknown.
+--          (while its result is kept), dead, cancelled, expired or unknown.
 local pending = KEYS[1]
 local inflight = KEYS[2]
 local dead_jobs = KEYS[3]
@@ -43,7 +44,9 @@ else
   if redis.call('EXISTS', KEYS[RESULTS + 1]) == 1 then return {'succeeded'} end
   if redis.call('HEXISTS', dead_jobs, id) == 1 then return {'dead'} end
 end
-if redis.call('ZSCORE', cancelled, id) or redis.call('HEXISTS', cancel, id) == 1 then
-  return {'cancelled'}
-end
+if redis.call('ZSCORE', cancelled, id) then return {'cancelled'} end
+local t = redis.call('HGET', cancel, id)
+if t == 'X' then return {'expired'} end
+-- "x"/"k": the expiry tombstone of a job that ran past its deadline and ended
+if t and t ~= 'x' and t ~= 'k' then return {'cancelled'} end
 return {'unknown'}

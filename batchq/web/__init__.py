@@ -11,21 +11,40 @@ customers and limits, one job, the audit log) over ``campaigns``, ``groups`` and
 (jobs/s from the scripts' counters, sampled in the background), ``server`` (uvicorn in a
 thread); the data itself comes from :mod:`batchq.overview`, :mod:`batchq.campaign`,
 :mod:`batchq.flow_view` and :mod:`batchq.results`. ``batchq web`` (or ``python -m
-batchq.web``) runs it.
+batchq.web``) runs it. The package imports its modules on first use, so its
+``settings`` need no extra.
 """
 
 from __future__ import annotations
 
-try:
-    import starlette  # noqa: F401
-    import uvicorn  # noqa: F401
-except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("the batchq web console needs its extra: pip install 'batchq[web]' "
-                      f"({exc})") from exc
+import importlib
+from typing import TYPE_CHECKING
 
-from .routes import create_app
-from .security import InsecureBindError, check_bind, is_loopback
-from .server import DEFAULT_HOST, DEFAULT_PORT, WebServer, serve, start_in_thread
+if TYPE_CHECKING:
+    from .routes import create_app
+    from .security import InsecureBindError, check_bind, is_loopback
+    from .server import DEFAULT_HOST, DEFAULT_PORT, WebServer, serve, start_in_thread
+
+_HOME = {"create_app": "routes", "InsecureBindError": "security", "check_bind": "security",
+         "is_loopback": "security", "DEFAULT_HOST": "server", "DEFAULT_PORT": "server",
+         "WebServer": "server", "serve": "server", "start_in_thread": "server"}
+
+
+def __getattr__(name: str) -> object:
+    """The console's names, imported on first use: importing the package (or its
+    ``settings``) needs no extra; using the console needs Starlette and uvicorn."""
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:  # depends on the installed extras
+        raise ImportError("the batchq web console needs its extra: pip install "
+                          f"'batchq[web]' ({exc})") from exc
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
 
 __all__ = [
     "DEFAULT_HOST",

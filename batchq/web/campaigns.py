@@ -70,7 +70,9 @@ def detail(app: App, tracker: RateTracker, cid: str) -> dict[str, Any]:
             reply = c.sync_scripts.call(calls.campaign_queue(c.keys(name), cid, "read"))
             flag = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0] or "")
             t, p, s, d, x = (int(v) for v in reply[1:6])
-            entry.update(flag=flag, total=t, pending=p, succeeded=s, dead=d, cancelled=x)
+            expired = int(reply[7]) if len(reply) > 7 else 0  # after "leased"
+            entry.update(flag=flag, total=t, pending=p, succeeded=s, dead=d, cancelled=x,
+                         expired=expired)
         q = app.queue(name)
         entry["groups"] = [{"group": g.group, "pending": g.pending, "running": g.running,
                             "state": g.state, "until_s": round(g.until_s, 3)}

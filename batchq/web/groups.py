@@ -28,12 +28,15 @@ GROUPS_SHOWN = 100
 """Groups with ready jobs listed per queue at most (the longest rotation first)."""
 
 LIMIT_FIELDS = ("rate_per_s", "burst", "concurrency", "max_pending", "weight")
+SHOWN_FIELDS = (*LIMIT_FIELDS, "max_per_minute", "max_per_hour", "max_per_day",
+                "max_per_month", "tz")
+"""A limit as the view shows it: the form's fields and its calendar quotas."""
 
 
 def _limit_dict(lim: Limit | None) -> dict[str, Any] | None:
     if lim is None:
         return None
-    return {f: getattr(lim, f) for f in LIMIT_FIELDS}
+    return {f: getattr(lim, f) for f in SHOWN_FIELDS}
 
 
 def _hold(q: Queue) -> dict[str, Any]:
@@ -70,6 +73,8 @@ def view(app: App, q: Queue) -> dict[str, Any]:
                                   "running": use.running or 0, "state": use.state,
                                   "until_s": round(use.until_s, 3), "why": None})
         row["own_limit"] = True
+        if use.windows:  # its calendar quotas' use in the current periods
+            row["window_used"] = {w.window: w.used for w in use.windows}
     names = list(rows)
     ready = _ready_counts(app, q, names)
     total_running = sum(r["running"] for r in rows.values())
@@ -88,7 +93,8 @@ def view(app: App, q: Queue) -> dict[str, Any]:
     return {"queue": q.name, "shards": len(parts), "paused": q.is_paused(),
             "limit": _limit_dict(own), "running": queue_running, "hold": _hold(q),
             "default_limit": _limit_dict(default), "limits_total": flow.limits_total,
-            "groups": ordered, "groups_shown": GROUPS_SHOWN}
+            "groups": ordered, "groups_shown": GROUPS_SHOWN,
+            "windows": [{"group": w.group, "window": w.describe()} for w in q.windows()]}
 
 
 def _ready_counts(app: App, q: Queue, names: list[str]) -> dict[str, int]:
@@ -123,7 +129,7 @@ def set_limit(q: Queue, group: str | None, values: dict[str, Any]) -> dict[str, 
         raise BadRequest("give at least one of rate_per_s, concurrency, max_pending, weight")
     try:
         stored = q.limit(group, **{f: values.get(f) for f in LIMIT_FIELDS})
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
         raise BadRequest(str(exc)) from None
     return {"queue": q.name, "group": group, "limit": _limit_dict(stored),
             "describe": stored.describe()}

@@ -45,9 +45,9 @@ def rss_bytes() -> int:
 async def watch(st: State, cap_mb: int, on_over: Callable[[float], None]) -> None:
     """Read the RSS every ``CHECK_EVERY_S`` until the worker stops; past ``cap_mb``
     MB (MiB: 1,048,576 bytes, as ``ps`` counts), call ``on_over(rss_mb)`` once and return."""
-    while not st.stopping and not st.closing:
+    while not st.stopping:
         await st.sleep_unless_closed(CHECK_EVERY_S)
-        if st.stopping or st.closing:
+        if st.stopping:
             return
         rss_mb = rss_bytes() / MIB
         if rss_mb > cap_mb:

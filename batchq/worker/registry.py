@@ -70,7 +70,7 @@ class Registry:
 
     def _view(self) -> tuple[int, ...]:
         c = self.st.counters
-        return (self.st.in_flight, c.succeeded, c.failed, int(self.st.fetch_paused))
+        return (self.st.in_flight, c.succeeded, c.failed, int(self.st.paused))
 
     async def heartbeat_loop(self) -> None:
         """Prove the loop turns: refresh the supervisor's heartbeat file every interval,
@@ -138,7 +138,7 @@ class Registry:
                 "succeeded": c.succeeded,
                 "failed": c.failed,
                 "in_flight": st.in_flight,
-                "paused": int(st.fetch_paused),
+                "paused": int(st.paused),
                 # the supervisor's replacements by reason when it forked this process
                 "restarts": ",".join(f"{k}={v}" for k, v in
                                      st.settings.supervisor_restarts),

@@ -42,7 +42,10 @@ from ..load.probe import LOAD_KWARG, Probe
 from .context import Owner
 from .leases import Leases
 from .outcomes import Outcomes, describe
+from .phase import Phase
 from .state import RUN_SAMPLE_MASK, YIELD_EVERY_S, State
+
+_RUNNING, _DRAINING = Phase.RUNNING, Phase.DRAINING  # module globals: read per job
 
 if TYPE_CHECKING:
     from ..metrics import JobSeries
@@ -118,9 +121,11 @@ class Runners:
         # so the metrics time each job without reading a clock of their own
         t = last_yield = _perf()
         while True:
-            if st.stopping:
-                return
-            if not work or st.exclusive:
+            # State.phase's own attribute: the property costs a call per job
+            if st._phase is not _RUNNING or not work:
+                if st._phase >= _DRAINING:
+                    return
+                # nothing to run, or a recovered job runs alone (Phase.ALONE)
                 fut = loop.create_future()
                 st.idle_runners.append(fut)
                 await fut
@@ -166,7 +171,7 @@ class Runners:
 
     def _begin(self) -> bool:
         """A job or a batch starts (counted as busy). True when its wall time is to be
-        sampled: it sizes the prefetch (fetch.Fetcher.limit); timed for a sample of jobs
+        sampled: it sizes the prefetch (fetch_size.Sizing.limit); timed for a sample of jobs
         only (the first ones included): timing each would cost a no-op job ~4 %."""
         st = self.st
         if not st.busy:
@@ -188,7 +193,7 @@ class Runners:
         and write its outcome before another handler may start."""
         st = self.st
         jobs: list[Job] = item if type(item) is list else [item]  # type: ignore[list-item]
-        st.exclusive = True
+        st.run_alone()
         try:
             try:
                 await st.quiet.wait()
@@ -216,7 +221,7 @@ class Runners:
             # handler starts: a crash of a later job must not be charged to this one
             await self.out.flush_with_retry()
         finally:
-            st.exclusive = False
+            st.end_alone()
             st.wake_runners(len(st.work))
 
     def _settle_leftovers(self, jobs: list[Job], exc: BaseException) -> None:

@@ -68,7 +68,7 @@ class Selector:
         """Empty: plain rotation (equal weights rotate exactly like no weights)."""
         self.fetch_batch = fetch_batch
         """A pop's size: the worker's ``fetch_batch``, or ``BEHIND_BATCH`` times it while
-        its queues are behind (``fetch.Fetcher._grow`` sets it between rounds)."""
+        its queues are behind (``fetch_size.Sizing.grow`` sets it between rounds)."""
         self.shards = shards or [[i] for i in range(n)]
         self._base = {s: b for b, subs in enumerate(self.shards) for s in subs}
         self._rotation = 0

@@ -32,6 +32,7 @@ from ..exitcodes import EXIT_OK
 from ..keys import QueueKeys
 from ..lane import AsyncLane, async_lane
 from ..scripts import AsyncScripts
+from .phase import MOVES, Phase, PhaseError, StopReason
 from .selection import check_selection
 
 if TYPE_CHECKING:
@@ -242,7 +243,7 @@ class State:
     due_event: asyncio.Event
     """Set when ``due_campaigns`` gained an id."""
     closed: asyncio.Event
-    """Set with ``closing`` (stop step 4): the helper loops' pauses end at once."""
+    """Set with ``Phase.CLOSING`` (stop step 4): the helper loops' pauses end at once."""
 
     def __init__(self, app: App, settings: WorkerSettings, worker_id: str | None) -> None:
         self.app = app
@@ -269,9 +270,10 @@ class State:
         self.jobs_done = 0
         self.busy = 0
         """Handlers running now."""
-        self.exclusive = False
-        """A recovered job waits for, or runs in, a process of its own: no runner starts
-        another job meanwhile."""
+        self._phase = Phase.RUNNING  # read it as ``phase``
+        self.reason: StopReason | None = None
+        """Why it stops, once a stop began."""
+        self._paused = s.start_paused
         self.idle_runners: collections.deque[asyncio.Future[None]] = collections.deque()
         self.waking = 0
         """Runners woken (or made) that have not taken a job yet."""
@@ -281,12 +283,6 @@ class State:
         self.running: dict[asyncio.Task[Any] | None, Job | list[Job]] = {}
         """What each runner took last (for handlers that ignore cancellation)."""
         self.runner_tasks: list[asyncio.Task[None]] = []
-        self.stopping = False
-        self.fast = False
-        self.closing = False
-        self.fetch_paused = s.start_paused
-        self.recycled = False
-        """True when the worker stopped because it reached ``max_jobs``."""
         self.exit_code = EXIT_OK
         self.pool: ThreadPoolExecutor | None = None
         self.m: Recorder | None = None
@@ -294,13 +290,92 @@ class State:
         self.run_s: float | None = None
         """Moving average of a handler's wall time per job (a batch's time divided by
         its jobs; a sample of the jobs, ``RUN_SAMPLE_MASK``), once one ran: what sizes
-        the prefetch (``fetch.Fetcher.limit``)."""
+        the prefetch (``fetch_size.Sizing.limit``)."""
         self.due_campaigns: set[str] = set()
         """Campaigns whose last pending job on a queue settled in this process's pop,
         ack or nack: ``campaigns.FollowUp`` tries to complete them."""
         self.completing = 0
         """Campaigns taken from ``due_campaigns`` whose try is under way: a burst run
         does not end before it is over (it may enqueue an ``on_complete`` job here)."""
+
+    # --- the worker's life: every change of phase goes through these -------------------
+
+    @property
+    def phase(self) -> Phase:
+        """Where the worker is in its life; changed only by the methods below (``stop``,
+        ``close``, ``run_alone``, ``end_alone``): it cannot be assigned."""
+        return self._phase
+
+    @property
+    def stopping(self) -> bool:
+        """A stop began: nothing is fetched or started any more."""
+        return self._phase >= Phase.DRAINING
+
+    @property
+    def closing(self) -> bool:
+        """Stop step 4 began: the helper loops end."""
+        return self._phase is Phase.CLOSING
+
+    @property
+    def paused(self) -> bool:
+        """Fetching is paused (jobs in flight keep running); independent of the phase."""
+        return self._paused
+
+    @property
+    def recycled(self) -> bool:
+        """The worker stops because it reached ``max_jobs``."""
+        return self.reason is StopReason.RECYCLED
+
+    def _move(self, to: Phase) -> None:
+        if to not in MOVES[self._phase]:
+            raise PhaseError(f"a worker cannot go from {self._phase.name} to {to.name}")
+        self._phase = to
+
+    def stop(self, reason: StopReason, fast: bool = False) -> bool:
+        """Begin a stop (stop step 1), or hurry one under way when ``fast``; wake what
+        waits (the fetch loop, an idle wait, idle runners: they exit). The first reason
+        given is kept. True when this call began the stop. Once closing, nothing
+        changes: the stop is over but for the last writes."""
+        if self._phase is Phase.CLOSING:
+            return False
+        began = self._phase < Phase.DRAINING
+        if began:
+            self.reason = reason
+            self._move(Phase.HURRYING if fast else Phase.DRAINING)
+        elif fast and self._phase is Phase.DRAINING:
+            self._move(Phase.HURRYING)
+        self.stop_event.set()
+        self.room.set()
+        self.wake_runners(len(self.idle_runners))
+        return began
+
+    def close(self) -> None:
+        """Stop step 4: the helper loops end (``Phase.CLOSING``), their pauses cut
+        short. Only after a stop."""
+        self._move(Phase.CLOSING)
+        self.closed.set()
+
+    def run_alone(self) -> None:
+        """A runner took a recovered job: no runner starts another until ``end_alone``.
+        Runners take jobs only while ``RUNNING``, so this never comes in another phase."""
+        self._move(Phase.ALONE)
+
+    def end_alone(self) -> None:
+        """The recovered job is over (or given back): runners may start jobs again,
+        unless a stop began meanwhile (it keeps its phase)."""
+        if self._phase is Phase.ALONE:
+            self._move(Phase.RUNNING)
+        elif self._phase is Phase.RUNNING:
+            raise PhaseError("a worker ended running a job alone that it did not begin")
+
+    def pause(self, paused: bool) -> bool:
+        """Pause (or resume) fetching; jobs in flight keep running. True when it changed
+        (the fetch loop is woken to see it)."""
+        if paused == self._paused:
+            return False
+        self._paused = paused
+        self.room.set()
+        return True
 
     def set_shards(self, subs: dict[str, list[str]]) -> bool:
         """Serve these sub-queues of each queue of ``names`` (shards only ever added:
@@ -360,7 +435,7 @@ class State:
                 self.waking += 1
                 n -= 1
         spawn = self.spawn_runner
-        if n > 0 and spawn is not None and not self.stopping:
+        if n > 0 and spawn is not None and self._phase < Phase.DRAINING:
             n = min(n, self.settings.concurrency - len(self.runner_tasks))
             for _ in range(n):
                 self.runner_tasks.append(spawn())
@@ -384,16 +459,11 @@ class State:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.stop_event.wait(), delay_s)
 
-    def close(self) -> None:
-        """Stop step 4: the helper loops end (``closing``), their pauses cut short."""
-        self.closing = True
-        self.closed.set()
-
     async def sleep_unless_closed(self, delay_s: float) -> None:
         """A helper loop's pause, cut short by ``close`` (not by a stop: helpers keep
         running while jobs drain). Never waits when already closed, so a loop whose
         cancellation was swallowed inside a redis-py call still ends at once."""
-        if self.closing:
+        if self._phase is Phase.CLOSING:
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.closed.wait(), delay_s)

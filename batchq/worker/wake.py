@@ -115,7 +115,7 @@ class Waiter:
             # (it was meant for an idle worker); a paused or stopping worker gives it
             # back to the head of its ready list (release.lua, attempt refunded)
             k = self._by_wake[key.decode() if isinstance(key, bytes) else key]
-            if st.fetch_paused or st.stopping:
+            if st.paused or st.stopping:
                 _, attempt, _, jid, _ = value.split(b":", 4)
                 try:
                     await st.scripts.call(calls.release(k, [jid + b":" + attempt]))
@@ -125,7 +125,7 @@ class Waiter:
                 return True
             self._accept(k.queue, [value])
             return True
-        if not self._idle or st.fetch_paused or st.stopping:
+        if not self._idle or st.paused or st.stopping:
             # the token arrived while this worker was busy, paused or stopping: pass it on
             # to an idle one
             with contextlib.suppress(*REDIS_ERRORS):

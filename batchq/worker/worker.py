@@ -5,14 +5,16 @@ extend, heartbeat/registry with the dead-letter retention, metrics, and the peri
 scheduler unless in burst mode) and, when the fetch loop ends (a stop, burst done,
 recycling), stops them in this order:
 
-1. stop fetching: ``stopping`` is set, an idle wait ends, idle runners exit (a fast stop
-   also cancels the runners); the stop event also ends the periodic scheduler, which
-   hands its leadership over;
+1. stop fetching: the phase leaves ``RUNNING`` (``State.stop``: ``DRAINING``, or
+   ``HURRYING`` for a fast stop, which also cancels the runners), an idle wait ends, idle
+   runners exit; the stop event also ends the periodic scheduler, which hands its
+   leadership over;
 2. give back the jobs fetched but never started (``release.lua``);
-3. let running jobs finish until ``shutdown_timeout_s`` (0 when fast), then cancel them
+3. let running jobs finish until ``shutdown_timeout_s`` (0 when hurrying), then cancel them
    and give them back too (a handler that swallows the cancellation is waited for
    ``STOP_GRACE_S``, then its job is given back anyway);
-4. wait for the periodic scheduler (at most ``SCHEDULER_STOP_S``), cancel the helper
+4. wait for the periodic scheduler (at most ``SCHEDULER_STOP_S``), close (``CLOSING``:
+   the helper loops end), cancel the helper
    loops (waited for at most ``STOP_GRACE_S``), flush the results one last time (8
    tries), publish the metrics;
 5. leave the registry, cancel the blocking wait, shut the thread pool down without
@@ -39,6 +41,7 @@ from .fetch import Fetcher
 from .leases import Leases
 from .memory import MIB, rss_bytes, watch
 from .outcomes import Outcomes
+from .phase import Phase, StopReason
 from .registry import Registry
 from .run import Runners
 from .state import METRICS_EVERY_S, REDIS_ERRORS, STOP_GRACE_S, Counters, State, WorkerSettings
@@ -76,8 +79,6 @@ class Worker:
         self.registry = Registry(st)
         self.registry.on_orphaned = self.request_stop
         self.followup = FollowUp(st)
-        self.over_memory = False
-        """The RSS passed ``max_memory_mb``: the stop ends in ``EXIT_MEMORY``."""
 
     @property
     def queues(self) -> tuple[QueueKeys, ...]:
@@ -96,36 +97,32 @@ class Worker:
         """True when the worker stopped because it reached ``max_jobs``."""
         return self.state.recycled
 
+    @property
+    def over_memory(self) -> bool:
+        """The RSS passed ``max_memory_mb``: the stop ends in ``EXIT_MEMORY``."""
+        return self.state.reason is StopReason.MEMORY
+
     # --- control -----------------------------------------------------------------------
 
     def request_stop(self, fast: bool = False) -> None:
         """Begin a graceful stop (``fast``: cancel running jobs now). Thread-unsafe:
         call from the loop (signal handlers installed with ``add_signal_handler`` are)."""
+        self._stop(StopReason.REQUESTED, fast)
+
+    def _stop(self, reason: StopReason, fast: bool = False) -> None:
         st = self.state
-        if st.stopping and not fast:
-            fast = True  # a second request hurries the first
-        if fast:
-            st.fast = True
-        if not st.stopping:
+        fast = fast or st.stopping  # a second request hurries the first
+        if st.stop(reason, fast):
             log.info("stopping: no new jobs will be fetched")
-        st.stopping = True
-        st.stop_event.set()
-        st.room.set()
-        st.wake_runners(len(st.idle_runners))
         if fast:
             for t in st.runner_tasks:
                 t.cancel()
 
     def pause_fetching(self, paused: bool) -> None:
         """Stop (or resume) taking new jobs; jobs in flight keep running."""
-        st = self.state
-        if paused == st.fetch_paused:
-            return
-        st.fetch_paused = paused
-        if not paused:
+        if self.state.pause(paused) and not paused:
             log.info("fetching resumed")
         # a pause is logged by the fetch loop, once no job can be handed to this worker
-        st.room.set()
 
     async def run(self) -> int:
         """Serve until stopped. Returns the process exit code: 0 on a clean stop (in
@@ -166,9 +163,7 @@ class Worker:
         try:
             await self.fetcher.fetch_loop()
         finally:
-            st.stopping = True
-            st.stop_event.set()  # a recycle or a failed fetch loop did not set it
-            st.wake_runners(len(st.idle_runners))
+            st.stop(StopReason.ENDED)  # burst done, or a failed fetch loop; else a no-op
             await self._drain()
             if sched is not None:
                 # it ends by itself on the stop event, releasing the leader lock
@@ -188,14 +183,13 @@ class Worker:
                 await self.runners.probe.close()  # the last load-test figures
             self._publish_metrics()
             await self._close()
-        if self.over_memory:
+        if st.reason is StopReason.MEMORY:
             return EXIT_MEMORY
-        return EXIT_RECYCLED if st.recycled else st.exit_code
+        return EXIT_RECYCLED if st.reason is StopReason.RECYCLED else st.exit_code
 
     def _over_memory(self, rss_mb: float) -> None:
         """The memory cap's stop: the graceful stop order, as on SIGTERM."""
-        self.over_memory = True
-        self.request_stop()
+        self._stop(StopReason.MEMORY)
 
     def _install_signals(self) -> None:
         loop = self.state.loop
@@ -301,7 +295,7 @@ class Worker:
         await self.leases.give_back()
         runners = [t for t in st.runner_tasks if not t.done()]
         if runners:
-            timeout = 0.0 if st.fast else self.settings.shutdown_timeout_s
+            timeout = 0.0 if st.phase is Phase.HURRYING else self.settings.shutdown_timeout_s
             pending: set[asyncio.Task[None]] = set(runners)
             if timeout > 0:
                 _, pending = await asyncio.wait(runners, timeout=timeout)

@@ -110,3 +110,22 @@ def install_argv(peer: Peer) -> list[list[str]]:
         [str(peer.python), "-m", "pip", "install", "-q", "--upgrade", "pip"],
         [str(peer.python), "-m", "pip", "install", "-q", *peer.packages, "redis", "hiredis"],
     ]
+
+
+@dataclass(frozen=True)
+class LocalPeer(Peer):
+    """A system that runs in the harness's own interpreter (no virtualenv of its own)."""
+
+    @property
+    def python(self) -> Path:
+        return Path(sys.executable)
+
+
+FLOOR = LocalPeer(
+    "floor", ("redis",), "redis",
+    "a bare RPUSH -> BLPOP: <cores> processes each waiting in BLPOP on a plain redis-py "
+    "client, recording each job as its reply is read; the producer RPUSHes one value per "
+    "job from a paced synchronous loop",
+    lambda b, n, url: [sys.executable, "-m", "bench.peers.multi", str(n), "--",
+                       sys.executable, "-m", "bench.peers.floor_app", "worker"])
+"""The bare ``RPUSH`` -> ``BLPOP`` floor of the latency rotation (``bench.peers.floor_app``)."""

@@ -11,6 +11,7 @@ from typing import Any
 from arq.connections import RedisSettings, create_pool
 
 from bench import record
+from bench.peers.iojob import around_trip
 
 URL = os.environ.get(record.URL_ENV, "redis://127.0.0.1:6379/3")
 rec = record.recorder()
@@ -28,8 +29,15 @@ async def lat(ctx: dict[str, Any], intended: float, sent: float) -> None:
     rec.sample(intended, sent, t0, time.time())
 
 
+async def io(ctx: dict[str, Any]) -> None:
+    t0 = time.time()
+    rec.start_thread()
+    await around_trip()
+    rec.job(t0, time.time())
+
+
 class WorkerSettings:
-    functions = [noop, lat]
+    functions = [noop, lat, io]
     redis_settings = RedisSettings.from_dsn(URL)
     max_jobs = 100
     poll_delay = 0.01
@@ -37,11 +45,11 @@ class WorkerSettings:
     max_tries = 1
 
 
-def enqueue_noop(n: int) -> None:
+def enqueue_noop(n: int, task: str = "noop") -> None:
     async def main() -> None:
         pool = await create_pool(WorkerSettings.redis_settings)
         for i in range(0, n, 100):
-            await asyncio.gather(*(pool.enqueue_job("noop") for _ in range(min(100, n - i))))
+            await asyncio.gather(*(pool.enqueue_job(task) for _ in range(min(100, n - i))))
         await pool.aclose()
 
     asyncio.run(main())

@@ -10,6 +10,7 @@ from typing import Any
 from celery import Celery
 
 from bench import record
+from bench.peers.iojob import round_trip
 
 URL = os.environ.get(record.URL_ENV, "redis://127.0.0.1:6379/1")
 rec = record.recorder()
@@ -38,10 +39,19 @@ def lat(intended: float, sent: float) -> None:
     rec.sample(intended, sent, t0, time.time())
 
 
-def enqueue_noop(n: int) -> None:
+@app.task(name="io")
+def io() -> None:
+    t0 = time.time()
+    rec.start_thread()
+    round_trip()
+    rec.job(t0, time.time())
+
+
+def enqueue_noop(n: int, task: str = "noop") -> None:
+    fn = io if task == "io" else noop
     with app.producer_or_acquire() as producer:
         for _ in range(n):
-            noop.apply_async(producer=producer)
+            fn.apply_async(producer=producer)
 
 
 def enqueue_lat(intended: float, sent: float) -> None:

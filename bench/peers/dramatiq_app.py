@@ -11,6 +11,7 @@ import dramatiq
 from dramatiq.brokers.redis import RedisBroker
 
 from bench import record
+from bench.peers.iojob import round_trip
 
 URL = os.environ.get(record.URL_ENV, "redis://127.0.0.1:6379/4")
 rec = record.recorder()
@@ -33,9 +34,18 @@ def lat(intended: float, sent: float) -> None:
     rec.sample(intended, sent, t0, time.time())
 
 
-def enqueue_noop(n: int) -> None:
+@dramatiq.actor(queue_name="bench", max_retries=0)
+def io() -> None:
+    t0 = time.time()
+    rec.start_thread()
+    round_trip()
+    rec.job(t0, time.time())
+
+
+def enqueue_noop(n: int, task: str = "noop") -> None:
+    fn = io if task == "io" else noop
     for _ in range(n):
-        noop.send()
+        fn.send()
 
 
 def enqueue_lat(intended: float, sent: float) -> None:

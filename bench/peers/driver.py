@@ -1,6 +1,8 @@
 """The producer side of a peer, run in the peer's venv by the harness.
 
-``python -m bench.peers.driver PEER enqueue N``   enqueue N no-op jobs
+``python -m bench.peers.driver PEER enqueue N [TASK]``
+                                                  enqueue N jobs of TASK (``noop``, the
+                                                  default, or ``io``)
 ``python -m bench.peers.driver PEER warm``        enqueue one latency job
 ``python -m bench.peers.driver PEER load RATE DURATION``
                                                   open-loop latency jobs; prints the
@@ -38,7 +40,7 @@ def main(argv: list[str]) -> int:
     if action == "enqueue":
         n = int(rest[0])
         t0 = time.perf_counter()
-        app.enqueue_noop(n)
+        app.enqueue_noop(n, *rest[1:2])
         print(json.dumps({"enqueued": n, "enqueue_s": time.perf_counter() - t0}))
     elif action == "warm":
         app.enqueue_lat(time.time(), time.time())

@@ -10,6 +10,7 @@ from typing import Any
 from huey import RedisHuey
 
 from bench import record
+from bench.peers.iojob import round_trip
 
 URL = os.environ.get(record.URL_ENV, "redis://127.0.0.1:6379/7")
 rec = record.recorder()
@@ -31,9 +32,18 @@ def lat(intended: float, sent: float) -> None:
     rec.sample(intended, sent, t0, time.time())
 
 
-def enqueue_noop(n: int) -> None:
+@huey.task()
+def io() -> None:
+    t0 = time.time()
+    rec.start_thread()
+    round_trip()
+    rec.job(t0, time.time())
+
+
+def enqueue_noop(n: int, task: str = "noop") -> None:
+    fn = io if task == "io" else noop
     for _ in range(n):
-        noop()
+        fn()
 
 
 def enqueue_lat(intended: float, sent: float) -> None:

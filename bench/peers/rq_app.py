@@ -11,6 +11,7 @@ from redis import Redis
 from rq import Queue
 
 from bench import record
+from bench.peers.iojob import round_trip
 
 URL = os.environ.get(record.URL_ENV, "redis://127.0.0.1:6379/2")
 rec = record.recorder()
@@ -32,10 +33,18 @@ def _queue() -> Queue:
     return Queue("bench", connection=Redis.from_url(URL))
 
 
-def enqueue_noop(n: int) -> None:
+def io() -> None:
+    t0 = time.time()
+    rec.start_thread()
+    round_trip()
+    rec.job(t0, time.time())
+
+
+def enqueue_noop(n: int, task: str = "noop") -> None:
+    fn = io if task == "io" else noop
     q = _queue()
     for i in range(0, n, 1000):
-        batch = [Queue.prepare_data(noop, result_ttl=0) for _ in range(min(1000, n - i))]
+        batch = [Queue.prepare_data(fn, result_ttl=0) for _ in range(min(1000, n - i))]
         with q.connection.pipeline() as pipe:
             q.enqueue_many(batch, pipeline=pipe)
             pipe.execute()

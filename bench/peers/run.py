@@ -4,7 +4,8 @@
 it. A comparison then runs, for batchq and each peer in turn, on its own database of
 the same server (flushed before every run):
 
-* drain: N no-op jobs are enqueued (not timed), the worker fleet is started, and the
+* drain: N jobs (``--job``: no-op, or ``io``, one Redis round trip on the handler's own
+  client, ``bench.peers.iojob``) are enqueued (not timed), the worker fleet is started, and the
   figure is ``N / (last handler exit - first handler entry)`` from the handlers' own
   clocks (``bench.record``), exactly as for batchq; then the fleet is stopped.
 * latency: a fresh fleet, then, for each offered rate in ascending order (``--rates``,
@@ -15,7 +16,9 @@ the same server (flushed before every run):
   each job's intended send time, as in the ``latency`` scenario. A rate is sustained
   when most of its runs are; the first rate that is not ends the system's climb (a
   queue that falls behind at one rate does not catch up at a higher one), so each
-  system is measured up to where it falls over.
+  system is measured up to where it falls over. The bare ``RPUSH`` -> ``BLPOP`` floor
+  (``bench.peers.floor_app``) runs in the same rotation (``--no-floor`` leaves it out),
+  and every start p50 / p99 is also given as a multiple of the floor's at that rate.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ import redis
 from .. import harness, record
 from ..harness import Context, Fleet, Row, batchq_worker_argv, wait_for_totals
 from ..latency import SUSTAINED_SHARE, figures, sustained, wait_for_samples
-from . import PEERS, Peer, install_argv
+from . import FLOOR, PEERS, Peer, install_argv
+from .iojob import KINDS
 
 STALL_S = 20.0
 """A drain whose job count has not grown for this long is taken as finished; the jobs
@@ -51,6 +55,16 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peers", default=",".join(PEERS),
                    help=f"comma-separated subset (default {','.join(PEERS)})")
     p.add_argument("--no-batchq", action="store_true", help="leave batchq out")
+    p.add_argument("--no-floor", action="store_true",
+                   help="leave the bare RPUSH -> BLPOP floor out of the latency rotation")
+    p.add_argument("--job", choices=("noop", "io"), default="noop",
+                   help="the drain's job: a no-op (default) or io, one pipelined Redis "
+                   "round trip on the handler's own client (bench/peers/iojob.py)")
+    p.add_argument("--io-client", default="shared",
+                   help="how an asyncio io handler makes its client: "
+                   f"{', '.join(KINDS)} (default shared: one redis.asyncio client per "
+                   "process); a comma-separated list adds a batchq drain per further kind "
+                   "(system 'batchq+<kind>'), the peers keep the first")
     p.add_argument("--batchq-api", choices=("async", "sync", "both"), default="both",
                    help="batchq's producer in the latency runs: aenqueue on the asyncio "
                    "open loop (system 'batchq'), enqueue on the synchronous one, as the "
@@ -76,6 +90,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="the highest rate --climb offers, jobs/s (default 100,000)")
     p.add_argument("--no-drain", action="store_true",
                    help="latency only: skip the drain runs")
+    p.add_argument("--no-latency", action="store_true",
+                   help="drain only: skip the latency runs")
     p.add_argument("--duration", type=float, default=None,
                    help="seconds of load per rate (default 10, --quick 1)")
     p.add_argument("-p", "--processes", type=int, default=None,
@@ -122,8 +138,11 @@ class System:
     """batchq or one peer: how to fill its queue, start its fleet, offer it load."""
 
     def __init__(self, ctx: Context, name: str, url: str, peer: Peer | None,
-                 processes: int, concurrency: int, api: str = "async") -> None:
+                 processes: int, concurrency: int, api: str = "async", job: str = "noop",
+                 io_client: str = "shared") -> None:
         self.ctx = ctx
+        self.job = job
+        self.io_client = io_client
         self.name = name
         self.api = api
         """batchq's producer call: ``aenqueue`` ("async") or ``enqueue`` ("sync")."""
@@ -135,7 +154,8 @@ class System:
         self.key = ctx.key if peer is None else "bench:rec"
 
     def env(self) -> dict[str, str]:
-        return self.ctx.fleet_env(BENCH_REDIS_URL=self.url, BENCH_KEY=self.key)
+        return self.ctx.fleet_env(BENCH_REDIS_URL=self.url, BENCH_KEY=self.key,
+                                  BENCH_IO_CLIENT=self.io_client)
 
     def flush(self) -> None:
         if self.peer is None:
@@ -146,6 +166,7 @@ class System:
     def fleet(self) -> Fleet:
         if self.peer is None:
             argv = batchq_worker_argv(self.processes, self.concurrency, burst=False)
+            argv[argv.index("bench.apps:app")] = "bench.peers.batchq_app:app"
         else:
             argv = self.peer.worker_argv(self.processes, self.url)
         return Fleet(argv, self.env())
@@ -163,8 +184,12 @@ class System:
         if self.peer is None:
             from ..throughput import fill
 
-            return fill(self.ctx, "noop", n)
-        return float(json.loads(self._driver("enqueue", str(n)))["enqueue_s"])
+            if self.job not in self.ctx.app.tasks:
+                from .batchq_app import add_io
+
+                add_io(self.ctx.app)
+            return fill(self.ctx, self.job, n)
+        return float(json.loads(self._driver("enqueue", str(n), self.job))["enqueue_s"])
 
     def warm(self) -> None:
         if self.peer is None:
@@ -183,10 +208,9 @@ class System:
                 from batchq.loadgen import open_loop
 
                 def send_sync(intended: list[float], sent_at: float) -> None:
-                    if len(intended) == 1:
-                        lat.enqueue(intended[0], sent_at)
-                    else:
-                        lat.enqueue_many([(t, sent_at) for t in intended])
+                    # one enqueue per job, as a web app's request handlers send
+                    for t in intended:
+                        lat.enqueue(t, sent_at)
 
                 try:
                     self.ctx.app.redis.ping()
@@ -351,7 +375,7 @@ def rate_summary(rate: float, runs: list[dict[str, Any]], repeat: int) -> dict[s
         "achieved_send_rate": med([r["achieved_send_rate"] for r in runs]),
         "lost": sum(r["lost"] for r in runs), "send_errors": sum(r["send_errors"] for r in runs),
     }
-    for m in ("enqueue_to_start", "enqueue_to_done", "send_lateness"):
+    for m in ("enqueue_to_start", "enqueue_to_done", "send_lateness", "sent_to_start"):
         out[m] = {k: med([r[m][k] for r in runs]) for k in runs[0][m]}
     return out
 
@@ -392,10 +416,20 @@ def comparison_table(rec: dict[str, Any]) -> str:
                      else f"{bq_drain / d['jobs_per_s']['median']:.1f}")
         lines.append(f"| {name} | {r['version']} | {drain_cell} | {ratio} | "
                      f"{reach(r['latency'], cap)} |")
+    best = best_peer(res)
+    if best is not None:
+        lines += [""] + [
+            f"- {name} ÷ best peer ({best[0]}), drain: "
+            f"**{r['drain']['jobs_per_s']['median'] / best[1]:.2f}**"
+            for name, r in res.items() if name.startswith("batchq") and r["drain"]]
     bq_p99 = {lv["offered_rate"]: lv["enqueue_to_start"]["p99"]
               for lv in (bq["latency"] if bq else []) if lv["sustained"]}
+    fl = res.get(FLOOR.name)
+    floor = {lv["offered_rate"]: lv["enqueue_to_start"]
+             for lv in (fl["latency"] if fl else []) if lv["sustained"]}
     head = ["system", "offered jobs/s", "sustained (runs)", "start p50 / p99 / p99.9 / max (ms)",
-            "done p99 (ms)", "sent / done jobs/s", "p99 ÷ batchq's"]
+            "sent → start p50 / p99 (ms)", "done p99 (ms)", "sent / done jobs/s",
+            "p99 ÷ batchq's", "p50 / p99 ÷ floor's"]
     lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, r in res.items():
         for lv in r["latency"]:
@@ -411,9 +445,26 @@ def comparison_table(rec: dict[str, Any]) -> str:
             lines.append(
                 f"| {name} | {rate:,.0f} | {ok} | "
                 + " / ".join(_fmt_ms(s[k]) for k in ("p50", "p99", "p99.9", "max"))
+                + f" | {_fmt_ms(lv['sent_to_start']['p50'])} / "
+                f"{_fmt_ms(lv['sent_to_start']['p99'])}"
                 + f" | {_fmt_ms(lv['enqueue_to_done']['p99'])} | "
-                f"{lv['achieved_send_rate']:,.0f} / {lv['completion_rate']:,.0f} | {ratio} |")
+                f"{lv['achieved_send_rate']:,.0f} / {lv['completion_rate']:,.0f} | {ratio} | "
+                f"{floor_ratio(s, floor.get(rate)) if lv['sustained'] else '-'} |")
     return "\n".join(lines)
+
+
+def best_peer(res: dict[str, Any]) -> tuple[str, float] | None:
+    """The peer with the highest median drain (batchq and the floor left out)."""
+    drains = [(name, r["drain"]["jobs_per_s"]["median"]) for name, r in res.items()
+              if r["drain"] and not name.startswith("batchq") and name != FLOOR.name]
+    return max(drains, key=lambda d: d[1]) if drains else None
+
+
+def floor_ratio(start: dict[str, float], floor: dict[str, float] | None) -> str:
+    """``p50 ÷ floor's p50 / p99 ÷ floor's p99`` at one rate, or ``-``."""
+    if not floor or floor["p50"] <= 0 or floor["p99"] <= 0:
+        return "-"
+    return f"{start['p50'] / floor['p50']:.2f} / {start['p99'] / floor['p99']:.2f}"
 
 
 def main(args: argparse.Namespace) -> int:
@@ -427,6 +478,16 @@ def main(args: argparse.Namespace) -> int:
     if args.setup:
         return setup(peers)
     missing = [p.name for p in peers if not p.python.exists()]
+    if args.no_drain and args.no_latency:
+        print("--no-drain and --no-latency leave nothing to run", file=sys.stderr)
+        return 2
+    io_clients = [k.strip() for k in args.io_client.split(",") if k.strip()]
+    if not io_clients or any(k not in KINDS for k in io_clients):
+        print(f"--io-client: one or more of {', '.join(KINDS)}", file=sys.stderr)
+        return 2
+    if args.job == "io" and args.no_drain:
+        print("--job io is a drain's job: drop --no-drain", file=sys.stderr)
+        return 2
     if missing:
         print(f"no virtualenv for {', '.join(missing)}: run `python -m bench peers --setup`",
               file=sys.stderr)
@@ -457,6 +518,8 @@ def main(args: argparse.Namespace) -> int:
                               "runs_needed": runs_needed(repeat),
                               "duration_s": duration, "processes": procs,
                               "concurrency": args.concurrency, "repeat": repeat,
+                              "job": args.job, "io_clients": io_clients,
+                              "floor": not args.no_floor,
                               "db_base": args.db_base}
     with Context(args.redis_url, args.namespace, args.out_dir, quick) as ctx:
         ctx.notes.extend(args.note)
@@ -466,9 +529,17 @@ def main(args: argparse.Namespace) -> int:
         apis = {"both": ["async", "sync"]}.get(args.batchq_api, [args.batchq_api])
         systems = [] if args.no_batchq else [
             System(ctx, "batchq" if api == "async" else "batchq-sync", ctx.url, None, procs,
-                   args.concurrency, api) for api in apis]
+                   args.concurrency, api, args.job, io_clients[0]) for api in apis]
+        if not args.no_batchq and args.job == "io":
+            # drains of batchq with the other ways to touch Redis (no latency runs)
+            systems += [System(ctx, f"batchq+{k}", ctx.url, None, procs, args.concurrency,
+                               "async", args.job, k) for k in io_clients[1:]]
         systems += [System(ctx, p.name, db_url(ctx.url, args.db_base + i), p, procs,
-                           args.concurrency) for i, p in enumerate(peers)]
+                           args.concurrency, job=args.job, io_client=io_clients[0])
+                    for i, p in enumerate(peers)]
+        if not (args.no_floor or args.no_latency):
+            systems.append(System(ctx, FLOOR.name, db_url(ctx.url, args.db_base + len(peers)),
+                                  FLOOR, procs, args.concurrency))
         rows: list[Row] = []
         for s in systems:
             print(f"== {s.name}", file=sys.stderr, flush=True)
@@ -479,13 +550,15 @@ def main(args: argparse.Namespace) -> int:
             try:
                 # the producer's API changes nothing in a drain (its jobs are written
                 # before the fleet starts): batchq drains once
-                drains = 0 if args.no_drain or (s.peer is None and s.api == "sync"
-                                                and "async" in apis) else repeat
+                drains = 0 if args.no_drain or s.peer is FLOOR or (
+                    s.peer is None and s.api == "sync" and "async" in apis) else repeat
                 for _ in range(drains):
                     d = drain(s, jobs)
                     runs["drain"].append(d)
                     d_row.add("jobs/s", d["jobs_per_s"], "jobs/s")
-                levels = latency(s, rate_plan(rates, climb, args.max_rate), duration, repeat)
+                extra = s.name.startswith("batchq+")
+                levels = [] if args.no_latency or extra else latency(
+                    s, rate_plan(rates, climb, args.max_rate), duration, repeat)
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 print(f"{s.name} failed: {exc}", file=sys.stderr)
                 ctx.notes.append(f"{s.name}: failed: {str(exc).splitlines()[0]}")

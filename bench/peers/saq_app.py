@@ -11,6 +11,7 @@ from typing import Any
 from saq import Queue
 
 from bench import record
+from bench.peers.iojob import around_trip
 
 URL = os.environ.get(record.URL_ENV, "redis://127.0.0.1:6379/5")
 rec = record.recorder()
@@ -30,17 +31,24 @@ async def lat(ctx: Any, *, intended: float, sent: float) -> None:
     rec.sample(intended, sent, t0, time.time())
 
 
+async def io(ctx: Any) -> None:
+    t0 = time.time()
+    rec.start_thread()
+    await around_trip()
+    rec.job(t0, time.time())
+
+
 # concurrency: saq's default (10); each concurrent slot holds a blocking dequeue on its own
 # connection, and 100 exhausts redis-py's default asyncio pool ("Too many connections")
-settings = {"queue": queue, "functions": [noop, lat], "concurrency": 10}
+settings = {"queue": queue, "functions": [noop, lat, io], "concurrency": 10}
 
 
-def enqueue_noop(n: int) -> None:
+def enqueue_noop(n: int, task: str = "noop") -> None:
     async def main() -> None:
         q = Queue.from_url(URL, name="bench")
         await q.connect()
         for i in range(0, n, 100):
-            await asyncio.gather(*(q.enqueue("noop") for _ in range(min(100, n - i))))
+            await asyncio.gather(*(q.enqueue(task) for _ in range(min(100, n - i))))
         await q.disconnect()
 
     asyncio.run(main())

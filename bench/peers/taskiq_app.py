@@ -11,6 +11,7 @@ from typing import Any
 from taskiq_redis import RedisStreamBroker
 
 from bench import record
+from bench.peers.iojob import around_trip
 
 URL = os.environ.get(record.URL_ENV, "redis://127.0.0.1:6379/6")
 rec = record.recorder()
@@ -33,11 +34,21 @@ async def lat(intended: float, sent: float) -> None:
     rec.sample(intended, sent, t0, time.time())
 
 
-def enqueue_noop(n: int) -> None:
+@broker.task(task_name="io")
+async def io() -> None:
+    t0 = time.time()
+    rec.start_thread()
+    await around_trip()
+    rec.job(t0, time.time())
+
+
+def enqueue_noop(n: int, task: str = "noop") -> None:
+    fn = io if task == "io" else noop
+
     async def main() -> None:
         await broker.startup()
         for i in range(0, n, 100):
-            await asyncio.gather(*(noop.kiq() for _ in range(min(100, n - i))))
+            await asyncio.gather(*(fn.kiq() for _ in range(min(100, n - i))))
         await broker.shutdown()
 
     asyncio.run(main())

@@ -51,3 +51,29 @@ def test_fanout_drain_quick(redis_url: str, tmp_path: Path,
     push, pop = (r for r in rec["rows"] if r["name"].startswith("floor: "))
     assert push["figures"]["enqueue jobs/s"]["median"] > 0
     assert pop["figures"]["all-in jobs/s"]["median"] > 0
+
+
+def test_fanout_drain_before_runs_both_trees(redis_url: str, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """``--before DIR``: every case runs from both trees (each fill in a child process on
+    its tree's own code), and this tree's rows carry their ratios to the before rows."""
+    jobs, groups = 200, 5
+    repo = Path(__file__).resolve().parents[2]
+    code = main(["fanout-drain", "--quick", "--jobs", str(jobs), "--groups", str(groups),
+                 "--before", str(repo), "--redis-url", redis_url,
+                 "--namespace", f"bench{uuid.uuid4().hex[:8]}", "--out-dir", str(tmp_path)])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    (path,) = tmp_path.glob("fanout-drain-*.json")
+    rec = json.loads(path.read_text())
+    names = [c.name.format(groups=groups) for c in CASES]
+    rows = {r["name"]: r for r in rec["rows"]}
+    for name in names:
+        assert rows[f"before: {name}"]["params"]["tree"] == str(repo)
+        figs = rows[name]["figures"]
+        for f in ("÷ before", "Redis µs ÷ before's", "enqueue ÷ before"):
+            (value,) = figs[f]["values"]
+            assert value > 0, (name, f)
+        assert "÷ before" not in rows[f"before: {name}"]["figures"]
+    runs = [r["case"] for r in rec["runs"] if r["case"] != "floor"]
+    assert sorted(runs) == sorted([*names, *(f"before: {n}" for n in names)])

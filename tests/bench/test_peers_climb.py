@@ -7,6 +7,7 @@ not sustain."""
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -79,12 +80,14 @@ def test_batchq_climbs_until_it_falls_behind(redis_url: str, tmp_path: Path,
     rec = json.loads(path.read_text())
     assert rec["results"]["batchq"]["drain"] is None
     _check_climb(rec, "batchq")
-    assert "| batchq | 200 | yes (1 of 1) |" in out
+    # whether 200/s is sustained depends on the machine's load (speed is the harness's
+    # figure, not a test's): the row is there, with its verdict
+    assert re.search(r"\| batchq \| 200 \| (yes|\*\*no\*\*) \(\d of 1\) \|", out), out
     # the same climb with enqueue from a plain thread (--batchq-api both, the default)
     assert rec["parameters"]["batchq_api"] == "both"
     assert rec["results"]["batchq-sync"]["drain"] is None
     _check_climb(rec, "batchq-sync")
-    assert "| batchq-sync | 200 | yes (1 of 1) |" in out
+    assert re.search(r"\| batchq-sync \| 200 \| (yes|\*\*no\*\*) \(\d of 1\) \|", out), out
     assert "highest rate sustained / first not" in out
     png = tmp_path / "latency.png"
     assert main(["plot", str(path), "-o", str(png)]) == 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from batchq.metrics import CAMPAIGN_SERIES, CampaignCollector
+from batchq.campaign import CAMPAIGN_SERIES, CampaignCollector
 
 
 def _samples(app):  # type: ignore[no-untyped-def]

@@ -25,6 +25,7 @@ from batchq.connection import RedisSettings, is_cluster_url, packing, plain_url,
 from batchq.dev.cluster import EmbeddedCluster
 from batchq.metrics import QueueCollector
 from batchq.scripts import calls, run_pipeline
+from batchq.scripts.replies import decode_pop_reply
 
 from .conftest import WorkerFactory, node_client, queue_slot, queues_on_nodes, read_runs
 
@@ -122,7 +123,7 @@ def test_scripts_and_pipelines_reload_after_script_flush(cluster: EmbeddedCluste
         k = app.keys(q)
         app.sync_scripts.call(calls.pop(k, 4, 30_000, 100), client=pipe)
     results = run_pipeline(pipe, app.redis)
-    assert [len(r) - 11 for r in results] == [4, 4, 4], results
+    assert [len(decode_pop_reply(r).jobs) for r in results] == [4, 4, 4], results
 
     # enqueue_many windows (several chunks: pipelined) and a lone call, sync and async
     flush_scripts()

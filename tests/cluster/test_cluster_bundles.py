@@ -14,6 +14,7 @@ import pytest
 import batchq
 from batchq.dev.cluster import EmbeddedCluster
 from batchq.scripts import calls
+from batchq.scripts.replies import decode_pop_reply
 
 from .conftest import WorkerFactory, queues_on_nodes, read_runs
 
@@ -25,9 +26,9 @@ def test_bundle_scripts_on_three_nodes(cluster: EmbeddedCluster, app: batchq.App
     for q in queues_on_nodes(cluster, app.namespace, prefix="bun"):
         k = app.keys(q)
         ids = app.tasks["rec"].options(queue=q).enqueue_many([f"{q}-{i}" for i in range(6)])
-        res = s.call(calls.pop(k, 6, 30_000, 100, bundle=True))
-        name, n = res[10]
-        assert n == 6 and len(res) == 17
+        res = decode_pop_reply(s.call(calls.pop(k, 6, 30_000, 100, bundle=True)))
+        name, n = res.bundle
+        assert n == 6 and len(res.jobs) == 6
         lease = [name + p.to_bytes(2, "big") for p in range(1, 7)]
         assert app.job_status(ids[2]) == "reserved"
         assert app.queue(q).stats().reserved == 6

@@ -18,6 +18,7 @@ import pytest
 
 from batchq.dev.server import EmbeddedServer
 from batchq.scripts import _Lua, calls
+from batchq.scripts.replies import decode_pop_reply
 
 from . import fault_app
 from .conftest import FleetFactory
@@ -47,9 +48,9 @@ def test_a_backlog_of_delayed_jobs_coming_due_at_once(fleet_on: FleetFactory,
 
         # one pop by hand first: it moves one chunk, however large the backlog
         t1 = time.perf_counter()
-        head = fleet.app.sync_scripts.call(calls.pop(bk, 0, 30_000, 100))
+        head = decode_pop_reply(fleet.app.sync_scripts.call(calls.pop(bk, 0, 30_000, 100)))
         one_pop_ms = (time.perf_counter() - t1) * 1000
-        assert head[3] == 100 and r.llen(bk.ready_for(0)) == 100, head[:7]
+        assert head.promoted == 100 and r.llen(bk.ready_for(0)) == 100, head[:7]
         r.slowlog_reset()
 
         samples: list[tuple[int, int]] = []

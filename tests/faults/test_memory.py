@@ -22,6 +22,7 @@ import batchq
 from batchq import codec
 from batchq.dev.server import EmbeddedServer
 from batchq.scripts import calls
+from batchq.scripts.replies import decode_pop_reply
 
 from .conftest import FleetFactory
 
@@ -234,10 +235,10 @@ def test_a_full_redis_drains_with_a_due_job_or_an_expired_lease(
             special.append("special2")
         work.enqueue_many([(t,) for t in special])
         k = fleet.app.keys("default")
-        got = fleet.app.sync_scripts.call(calls.pop(k, 2, 200, 100,
-                                                    bundle=what == "expired-bundle"))
-        assert len(got) == 11 + len(special)  # eleven head fields and the jobs
-        assert bool(got[10]) == (what == "expired-bundle")
+        got = decode_pop_reply(fleet.app.sync_scripts.call(
+            calls.pop(k, 2, 200, 100, bundle=what == "expired-bundle")))
+        assert len(got.jobs) == len(special)
+        assert bool(got.bundle) == (what == "expired-bundle")
     written, _ = fill(work, "b")
     clamp(fleet.r)
     time.sleep(0.6)  # the delayed job is due / the lease has expired
@@ -285,7 +286,8 @@ def test_lease_extension_is_not_refused_by_a_full_redis(
     fleet.app.sync_scripts.call(calls.pop(k, 0, 30_000, 100), client=pipe)
     _, popped = pipe.execute()
     fleet.until(lambda: len([r for r in fleet.runs() if r.token == "long-job"
-                             and r.completed]) >= 1 + popped[4], 10, "the runs end")
+                             and r.completed]) >= 1 + decode_pop_reply(popped).reaped, 10,
+               "the runs end")
     fleet.app.queue("default").clear()
     fleet.settle(("default", "long"))
     runs = [r for r in fleet.runs() if r.token == "long-job"]

@@ -10,6 +10,7 @@ from helpers import wait_until
 
 from batchq import codec
 from batchq.scripts import calls
+from batchq.scripts.replies import PopReply, decode_pop_reply
 
 from ._support import pending_keys, running, wait_exit
 
@@ -108,9 +109,10 @@ def test_sigterm_cancels_job_past_shutdown_timeout_and_gives_it_back(app, queue_
     assert entry.startswith(b"0:0:5:%s:" % jid.encode()), entry[:40]  # attempt refunded
 
 
-def _pop(app, queue_name, want: int, lease_ms: int) -> tuple[list, list[bytes]]:
-    res = app.sync_scripts.call(calls.pop(app.keys(queue_name), want, lease_ms, 100))
-    return res[:11], res[11:]
+def _pop(app, queue_name, want: int, lease_ms: int) -> tuple[PopReply, list[bytes]]:
+    res = decode_pop_reply(
+        app.sync_scripts.call(calls.pop(app.keys(queue_name), want, lease_ms, 100)))
+    return res, res.jobs
 
 
 def _stale_count(res) -> int:
@@ -125,7 +127,7 @@ def test_stale_ack_does_not_delete_the_new_reservation(app, queue_name, redis_cl
     assert len(got) == 1 and got[0].startswith(b"0:1:3:%s:" % jid.encode())
     time.sleep(0.15)  # the 50 ms lease expires
     head, got = _pop(app, queue_name, 1, lease_ms=30_000)
-    assert head[4] == 1, head  # reaped
+    assert head.reaped == 1, head
     # the attempt refunded (max_attempts 3 -> 4: its worker may have died before it
     # started), under a new lease name
     assert len(got) == 1 and got[0].startswith(b"0:2:4:%s:" % jid.encode())

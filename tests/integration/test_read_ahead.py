@@ -15,7 +15,8 @@ from helpers import wait_until
 
 import batchq
 from batchq import codec
-from batchq.worker import fetch
+from batchq.scripts.replies import decode_pop_reply
+from batchq.worker import fetch, fetch_size
 from batchq.worker.selection import Selector
 
 from ._support import pending_keys, wait_exit
@@ -71,10 +72,11 @@ def test_a_backlog_keeps_two_pops_on_the_wire_and_runs_every_job_once(
         wire += 1
         most = max(most, wire)
         wants.append(want)
-        sizes.append(f._batch)
+        sizes.append(f.size.batch)
         try:
             res = await call(k, want, lease_ms)
-            full += (len(res) - 11) * (len(res) - 11 == want)
+            got = len(decode_pop_reply(res).jobs)
+            full += got * (got == want)
             return res
         finally:
             wire -= 1
@@ -84,7 +86,7 @@ def test_a_backlog_keeps_two_pops_on_the_wire_and_runs_every_job_once(
     # every job once, and in the order queued: replies read out of order (two
     # connections) still start their jobs in the order popped
     assert seen == list(range(n))
-    big = fetch.BEHIND_BATCH * s.fetch_batch
+    big = fetch_size.BEHIND_BATCH * s.fetch_batch
     assert full >= n - 2 * big, f"only {full} jobs came in full pops"
     assert most == 2, f"at most {most} pops were on the wire at once"
     # the first pop asks for a batch; behind (the backlog waited), pops grow to
@@ -98,7 +100,7 @@ def test_a_backlog_keeps_two_pops_on_the_wire_and_runs_every_job_once(
     assert set(sizes[grown:back]) == {big}, (wants, sizes)
     assert len(sizes) - back <= 2, f"the size fell back before the backlog ran dry: {sizes}"
     assert sum(w for w in wants if w > s.fetch_batch) >= n // 2, (wants, sizes)
-    assert f._batch == s.fetch_batch
+    assert f.size.batch == s.fetch_batch
     assert pending_keys(redis_client, app, queue_name) == {
         "ready": 0, "delayed": 0, "reserved": 0, "inflight": 0}
 
@@ -131,13 +133,13 @@ def test_a_stop_waits_for_a_slow_reply_to_a_pop_sent_ahead(app, queue_name, redi
     slowed: list[int] = []
 
     async def slow_ahead(k: Any, want: int, lease_ms: int) -> Any:
-        ahead = asyncio.current_task() in f._ahead
+        ahead = asyncio.current_task() in f.ahead.rounds
         stop = ahead and not slowed and len(seen) >= 500
         if stop:
             w.request_stop()  # sent ahead, and now the worker stops
         res = await call(k, want, lease_ms)
         if stop:
-            slowed.append(len(res) - 11)
+            slowed.append(len(decode_pop_reply(res).jobs))
             await asyncio.sleep(0.3)  # the reply is late
         return res
 
@@ -186,7 +188,7 @@ def test_a_worker_of_several_queues_reads_ahead_too(app, queue_name, redis_clien
     # rounds over several queues do not grow (a sharded queue's do: below), so rotation
     # interleaves the queues at fetch_batch's grain
     assert max(x for p in plans for x in p) <= s.fetch_batch, plans
-    assert w.fetcher._batch == w.fetcher.selector.fetch_batch == s.fetch_batch
+    assert w.fetcher.size.batch == w.fetcher.selector.fetch_batch == s.fetch_batch
     for q in (qa, qb):
         assert pending_keys(redis_client, app, q) == {
             "ready": 0, "delayed": 0, "reserved": 0, "inflight": 0}
@@ -211,7 +213,7 @@ def test_a_sharded_queue_behind_pops_bigger_rounds(app, queue_name,
     w = batchq.Worker(app, s)
     assert asyncio.run(w.run()) == 0
     assert sorted(seen) == list(range(n))
-    big = fetch.BEHIND_BATCH * s.fetch_batch
+    big = fetch_size.BEHIND_BATCH * s.fetch_batch
     wants = [x for p in plans for x in p]
     assert max(plans[0]) <= s.fetch_batch < max(wants) <= big, plans
     # most jobs were asked for in pops bigger than fetch_batch (the plans, not the replies)
@@ -220,7 +222,7 @@ def test_a_sharded_queue_behind_pops_bigger_rounds(app, queue_name,
     # short shard gets its probe of one job), not the room split three ways
     grown = [x for x in wants if x > s.fetch_batch]
     assert sum(x >= big - 1 for x in grown) >= 0.9 * len(grown), plans
-    assert w.fetcher._batch == w.fetcher.selector.fetch_batch == s.fetch_batch
+    assert w.fetcher.size.batch == w.fetcher.selector.fetch_batch == s.fetch_batch
     st = app.queue(queue_name).stats()
     assert (st.ready, st.pending) == (0, 0), st
     assert len(app.queue(queue_name).shards()) == 4
@@ -237,11 +239,14 @@ def test_only_a_queue_that_is_behind_is_read_ahead() -> None:
         return head + [codec.header(0, 3) + f"j{i}".encode() + b":"
                        + codec.encode_body("t", [], {}, ms) for i, ms in enumerate(ready_ms)]
 
-    behind = fetch.READ_AHEAD_BEHIND_MS
-    assert fetch._behind(reply(now - behind - 50, now))
-    assert not fetch._behind(reply(now + 5, now - 1000))  # the first popped is the oldest
-    assert not fetch._behind(reply())
-    assert not fetch._behind([*reply(now)[:11], b"not a job"])
+    def behind(raw: list[Any]) -> bool:
+        return fetch_size.behind(decode_pop_reply(raw))
+
+    late = fetch_size.READ_AHEAD_BEHIND_MS
+    assert behind(reply(now - late - 50, now))
+    assert not behind(reply(now + 5, now - 1000))  # the first popped is the oldest
+    assert not behind(reply())
+    assert not behind([*reply(), b"not a job"])
 
 
 def test_a_worker_loads_the_scripts_of_a_jobs_way_before_its_first_pop(

@@ -31,6 +31,7 @@ COUNTERS = frozenset({
     "batchq_jobs_handed_off_total",
     "batchq_jobs_rate_limited_total",
     "batchq_jobs_cancelled_total",
+    "batchq_jobs_expired_total",
 })
 HISTOGRAMS = frozenset({
     "batchq_job_run_seconds",
@@ -71,7 +72,7 @@ WITH_QUEUE_LABEL = frozenset({
     "batchq_periodic_next_run_timestamp_seconds", "batchq_jobs_rate_limited_total",
     "batchq_queue_grouped_jobs", "batchq_queue_groups", "batchq_queue_held_seconds",
     "batchq_limit_concurrency_used_ratio", "batchq_limit_rate_per_second",
-    "batchq_group_waiting_seconds", "batchq_jobs_cancelled_total",
+    "batchq_group_waiting_seconds", "batchq_jobs_cancelled_total", "batchq_jobs_expired_total",
 })
 """Metrics with a ``queue`` label: the dashboard must filter them by ``$queue``."""
 

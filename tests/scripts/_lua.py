@@ -10,9 +10,7 @@ import redis
 from batchq import codec
 from batchq.keys import QueueKeys
 from batchq.scripts import SyncScripts, calls
-
-HEAD = 11
-"""pop.lua's reply: ten fields (the tenth: campaigns that became due), then the jobs."""
+from batchq.scripts.replies import PopReply, decode_pop_reply
 
 
 def entry(jid: str, prio: int = 0, max_attempts: int = 3, attempt: int = 0,
@@ -55,9 +53,8 @@ def enqueued(r: redis.Redis, k: QueueKeys) -> int:
     return int(r.hget(k.stats, "enqueued") or 0)
 
 
-def _pop(s: SyncScripts, k: QueueKeys, want: int, lease: int, chunk: int) -> list[Any]:
-    res: list[Any] = s.call(calls.pop(k, want, lease, chunk))
-    return res
+def _pop(s: SyncScripts, k: QueueKeys, want: int, lease: int, chunk: int) -> PopReply:
+    return decode_pop_reply(s.call(calls.pop(k, want, lease, chunk)))
 
 
 def pop_reply(s: SyncScripts, k: QueueKeys, want: int, lease: int = 30_000,
@@ -65,21 +62,22 @@ def pop_reply(s: SyncScripts, k: QueueKeys, want: int, lease: int = 30_000,
     """pop.lua's reply: the first seven numbers (now, next_due, next_deadline, promoted,
     reaped, expired, malformed) and the popped jobs (``crashed`` and the recovered
     positions: ``pop_marks``)."""
-    res = _pop(s, k, want, lease, chunk)
-    return [int(x) for x in res[:7]], list(res[HEAD:])
+    r = _pop(s, k, want, lease, chunk)
+    return [r.now, r.next_due, r.next_deadline, r.promoted, r.reaped, r.expired,
+            r.malformed], r.jobs
 
 
 def pop_marks(s: SyncScripts, k: QueueKeys, want: int, lease: int = 30_000,
               chunk: int = 100) -> tuple[int, list[int], list[bytes]]:
     """(crashed, 1-based positions of recovered jobs, jobs) of one pop."""
-    res = _pop(s, k, want, lease, chunk)
-    return int(res[7]), [int(x) for x in res[8]], list(res[HEAD:])
+    r = _pop(s, k, want, lease, chunk)
+    return r.crashed, r.recovered, r.jobs
 
 
 def pop(s: SyncScripts, k: QueueKeys, want: int, lease: int = 30_000,
         chunk: int = 100) -> list[bytes]:
     """Only the jobs of pop.lua's reply."""
-    return list(_pop(s, k, want, lease, chunk)[HEAD:])
+    return _pop(s, k, want, lease, chunk).jobs
 
 
 def refunded(e: bytes, attempt: int, times: int = 1) -> bytes:

@@ -11,16 +11,17 @@ import pytest
 from batchq import codec, stats
 from batchq.keys import QueueKeys
 from batchq.scripts import SyncScripts, calls
+from batchq.scripts.replies import decode_pop_reply
 
-from ._lua import HEAD, PIN, entry, refunded, server_ms, with_attempt
+from ._lua import PIN, entry, refunded, server_ms, with_attempt
 
 
 def bpop(s: SyncScripts, k: QueueKeys, want: int, lease: int = 30_000,
          chunk: int = 100) -> tuple[bytes | None, list[bytes], list[bytes]]:
     """(bundle name or None, the jobs of the bundle, the other jobs) of a bundling pop."""
-    res: list[Any] = s.call(calls.pop(k, want, lease, chunk, bundle=True))
-    jobs = list(res[HEAD:])
-    b = res[HEAD - 1]
+    res = decode_pop_reply(s.call(calls.pop(k, want, lease, chunk, bundle=True)))
+    jobs = res.jobs
+    b = res.bundle
     if not b:
         return None, [], jobs
     n = int(b[1])
@@ -59,8 +60,8 @@ def test_a_pop_leases_its_plain_jobs_as_one_bundle(redis_client, s, k):
 
 def test_without_the_flag_each_job_has_its_own_lease(redis_client, s, k):
     fill(redis_client, k, 3)
-    res = s.call(calls.pop(k, 3, 30_000, 100))
-    assert res[HEAD - 1] == [] and len(res) - HEAD == 3
+    res = decode_pop_reply(s.call(calls.pop(k, 3, 30_000, 100)))
+    assert res.bundle == [] and len(res.jobs) == 3
     assert redis_client.zcard(k.reserved) == 3
 
 
@@ -83,7 +84,8 @@ def test_a_bundle_and_single_leases_in_one_ack(redis_client, s, k):
     fill(redis_client, k, 2)
     b, _, _ = bpop(s, k, 2)
     redis_client.rpush(k.ready_for(0), entry("single"))
-    assert s.call(calls.pop(k, 1, 30_000, 100))[HEAD:] == [with_attempt(entry("single"), 1)]
+    assert decode_pop_reply(s.call(calls.pop(k, 1, 30_000, 100))).jobs \
+        == [with_attempt(entry("single"), 1)]
     assert s.call(calls.ack(k, [held(b, 2)[0], b"single:1", b"gone:1", held(b, 1)[0]])) \
         == [3]
     assert not redis_client.exists(k.inflight, k.reserved, k.bundles)
@@ -176,8 +178,8 @@ def test_the_reaper_gives_back_only_running_jobs_refunded(redis_client, s, k):
     b, _, _ = bpop(s, k, 4)
     assert s.call(calls.ack(k, held(b, 2))) == []
     redis_client.zadd(k.bundles, {b: server_ms(redis_client) - 10})
-    res = s.call(calls.pop(k, 0, 30_000, 100, bundle=True))
-    assert int(res[4]) == 3  # reaped
+    res = decode_pop_reply(s.call(calls.pop(k, 0, 30_000, 100, bundle=True)))
+    assert res.reaped == 3
     # back at the head, earliest first, attempt used and max_attempts raised
     assert redis_client.lrange(k.ready_for(0), 0, -1) == [
         refunded(with_attempt(es[i], 1), 1) for i in (0, 2, 3)]
@@ -254,10 +256,10 @@ def test_a_bundling_pop_dead_letters_bad_headers_and_bundles_the_rest(redis_clie
                                                                       bad):
     good = entry("g1"), entry("g2")
     redis_client.rpush(k.ready_for(0), good[0], bad, good[1])
-    res = s.call(calls.pop(k, 3, 30_000, 100, bundle=True))
-    assert res[HEAD - 1][0].startswith(b":b")
-    assert int(res[6]) == 1  # malformed
-    assert res[HEAD - 1][1] == 2 and res[HEAD:] == list(good)
+    res = decode_pop_reply(s.call(calls.pop(k, 3, 30_000, 100, bundle=True)))
+    assert res.bundle[0].startswith(b":b")
+    assert res.malformed == 1
+    assert res.bundle[1] == 2 and res.jobs == list(good)
     (dead_id,) = redis_client.zrange(k.dead, 0, -1)
     rec = codec.decode_dead_record(redis_client.hget(k.dead_jobs, dead_id))
     assert (rec["reason"], rec["raw"]) == ("decode_error", bad)

@@ -11,8 +11,9 @@ import redis
 
 from batchq.keys import QueueKeys
 from batchq.scripts import SyncScripts, calls, source
+from batchq.scripts.replies import PopReply, decode_pop_reply
 
-from ._lua import HEAD, entry, leases, refunded, server_ms, with_attempt
+from ._lua import entry, leases, refunded, server_ms, with_attempt
 
 LEASE = 30_000
 ME = "host:1"
@@ -20,8 +21,7 @@ ME = "host:1"
 
 def _pop(s: SyncScripts, k: QueueKeys, want: int, me: str = ME, lease: int = LEASE,
          idle_ms: int = 6_000) -> list[bytes]:
-    res = s.call(calls.pop(k, want, lease, 100, me, idle_ms))
-    return list(res[HEAD:])
+    return decode_pop_reply(s.call(calls.pop(k, want, lease, 100, me, idle_ms))).jobs
 
 
 def _enqueue(s: SyncScripts, k: QueueKeys, *entries: bytes, check: bool = False) -> int:
@@ -119,8 +119,10 @@ def test_no_hand_off_when_paused_held_limited_retried_or_lapsed(
     r.delete(k.ready_for(0), k.wake, k.inflight, k.reserved)
     _enqueue(s, k, entry("y"))
     # without a name, a pop registers nothing
-    assert s.call(calls.pop(k, 5, LEASE, 100))[HEAD:] == [with_attempt(entry("y"), 1)]
-    assert s.call(calls.pop(k, 5, LEASE, 100))[HEAD:] == [] and r.zcard(k.idle) == 0
+    assert decode_pop_reply(s.call(calls.pop(k, 5, LEASE, 100))).jobs \
+        == [with_attempt(entry("y"), 1)]
+    assert decode_pop_reply(s.call(calls.pop(k, 5, LEASE, 100))).jobs == [] \
+        and r.zcard(k.idle) == 0
 
 
 def test_a_pop_claims_handed_jobs_nobody_took(redis_client: redis.Redis, s: SyncScripts,
@@ -224,12 +226,13 @@ def test_a_queue_with_limits_or_marks_reads_each_in_full(
     assert _pop(s, k, 5) == [with_attempt(entry("a"), 1), with_attempt(entry("b"), 1)]
     ran = _commands(r)
     assert ran["zscore"] == 1 and ran["zrangebyscore"] == 2 and ran["hlen"] == 3, ran
-    assert ran["hget"] == 4, ran  # the queue's limit, the campaigns flag, a's and b's marks
+    # the campaigns flag, a's and b's marks; the queue's limit and the calendar flag: one HMGET
+    assert ran["hget"] == 3 and ran["hmget"] == 1, ran
     assert ran["exists"] == 2, ran  # the gate, then paused on its own
 
 
 def _pop_before_7(r: redis.Redis, k: QueueKeys, want: int, bundle: bool = False
-                  ) -> list[Any]:
+                  ) -> PopReply:
     """``pop.lua`` as a server without LMPOP (Redis 6.2) runs it."""
     src = source("pop")
     line = "local LMPOP = (tonumber(redis.REDIS_VERSION_NUM) or 0) >= 0x070000"
@@ -237,7 +240,7 @@ def _pop_before_7(r: redis.Redis, k: QueueKeys, want: int, bundle: bool = False
     c = calls.pop(k, want, 5000, 100, bundle=bundle)
     res: list[Any] = r.eval(src.replace(line, "local LMPOP = false"), len(c.keys),
                             *c.keys, *c.args)
-    return res
+    return decode_pop_reply(res)
 
 
 def test_before_redis_7_the_ready_lists_are_popped_in_turn(
@@ -245,18 +248,18 @@ def test_before_redis_7_the_ready_lists_are_popped_in_turn(
     """Redis 6.2 has no LMPOP: one EXISTS counts the non-empty lists, and LPOP takes
     them from 9 down to the last one holding jobs, a priority's jobs in order."""
     r = redis_client
-    assert _pop_before_7(r, k, 5)[HEAD:] == []
+    assert _pop_before_7(r, k, 5).jobs == []
     r.rpush(k.ready_for(9), entry("p9"))
     r.rpush(k.ready_for(5), entry("p5a"), entry("p5b"))
     r.rpush(k.ready_for(0), entry("p0"), entry("p0b"))
     r.config_resetstat()
-    assert _pop_before_7(r, k, 3)[HEAD:] == [with_attempt(entry(j), 1)
-                                             for j in ("p9", "p5a", "p5b")]
+    assert _pop_before_7(r, k, 3).jobs == [with_attempt(entry(j), 1)
+                                           for j in ("p9", "p5a", "p5b")]
     ran = _commands(r)
     assert ran["lpop"] == 1 + 5 and ran["exists"] == 2 and "lmpop" not in ran, ran
     # a bundling pop takes the rest the same way, as a bundle (entries as popped)
     got = _pop_before_7(r, k, 5, bundle=True)
-    assert got[HEAD - 1][1] == 2 and got[HEAD:] == [entry("p0"), entry("p0b")]
+    assert got.bundle[1] == 2 and got.jobs == [entry("p0"), entry("p0b")]
     assert r.llen(k.ready_for(0)) == 0
 
 
@@ -272,5 +275,5 @@ def test_the_hand_off_of_one_job_is_eleven_commands(
     r.config_resetstat()
     assert _enqueue(s, k, entry(jid)) == 0
     ran = _commands(r)
-    assert ran == {"zcard": 1, "time": 1, "exists": 1, "hexists": 1, "zscore": 1,
+    assert ran == {"zcard": 1, "time": 1, "exists": 1, "hmget": 1, "zscore": 1,
                    "zpopmin": 1, "hset": 1, "zadd": 1, "rpush": 1, "hincrby": 2}, ran

@@ -10,6 +10,7 @@ import redis
 
 from batchq.keys import QueueKeys
 from batchq.scripts import SyncScripts, calls
+from batchq.scripts.replies import decode_pop_reply
 
 from ._lua import PIN, entry, leases, pop
 
@@ -56,7 +57,8 @@ def test_a_popped_lease_is_in_a_table_and_the_pin_goes_with_the_last(
 def test_a_handed_lease_is_in_a_table(redis_client: redis.Redis, s: SyncScripts,
                                       k: QueueKeys) -> None:
     r = redis_client
-    assert s.call(calls.pop(k, 5, 30_000, 100, "w1", 6_000))[11:] == []  # registered
+    assert decode_pop_reply(  # registered
+        s.call(calls.pop(k, 5, 30_000, 100, "w1", 6_000))).jobs == []
     one = entry("h")
     assert int(s.call(calls.enqueue(k, 0, [one], check=False))) == 0  # handed off
     assert leases(r, k).keys() == {b"h"} and _table(r, k)

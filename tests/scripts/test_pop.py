@@ -16,6 +16,7 @@ import redis
 from batchq import codec
 from batchq.keys import QueueKeys
 from batchq.scripts import calls
+from batchq.scripts.replies import decode_pop_reply
 
 from ._lua import entry as _entry
 from ._lua import leases, ns_keys, pop_marks, refunded, server_ms, with_attempt
@@ -499,7 +500,7 @@ def test_pop_clears_waiting_bits_per_run_and_only_its_own(redis_client, s, k):
 
     assert bits() == {2, 79, 82, 89, 91, *range(3, 63), 80, 81, 90}
     def popped(n: int) -> int:
-        return len(s.call(calls.pop(k, n, 30_000, 100))) - 11
+        return len(decode_pop_reply(s.call(calls.pop(k, n, 30_000, 100))).jobs)
 
     assert popped(25) == 25  # 3..27: unaligned start and end
     assert bits() == {2, 79, 82, 89, 91, *range(28, 63), 80, 81, 90}
@@ -526,8 +527,8 @@ def test_a_bundling_pop_clears_exactly_its_jobs_bits(redis_client, s, k):
 
     start = 5
     for n in (1, 7, 9, 31, 33, 64, 100, 300, 355):  # 900 in all
-        res = s.call(calls.pop(k, n, 30_000, 100, bundle=True))
-        assert len(res) - 11 == n
+        res = decode_pop_reply(s.call(calls.pop(k, n, 30_000, 100, bundle=True)))
+        assert len(res.jobs) == n
         start += n
         assert bits() == keep | set(range(start, 905)), n
     assert start == 905 and r.llen(k.ready_for(0)) == 0

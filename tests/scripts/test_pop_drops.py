@@ -12,8 +12,7 @@ import redis
 import batchq
 from batchq.limits import group_hex
 from batchq.scripts import calls
-
-HEAD = 11
+from batchq.scripts.replies import decode_pop_reply
 
 
 @pytest.fixture
@@ -29,7 +28,7 @@ def app(redis_url: str, namespace: str) -> Iterator[batchq.App]:
 
 def pop(app: batchq.App, want: int, drop: int = 1000) -> list[bytes]:
     res = app.sync_scripts.call(calls.pop(app.keys("q"), want, 30_000, 100, drop=drop))
-    return list(res[HEAD:])
+    return decode_pop_reply(res).jobs
 
 
 def ids_of(jobs: list[bytes]) -> list[str]:

@@ -2,8 +2,10 @@
 
 The key check is a small Lua lexer plus a data-flow heuristic: the key argument of every
 ``redis.call`` must be ``KEYS[...]``, a local bound to ``KEYS[...]``, a call of a local
-function that returns ``KEYS[...]``, or a parameter of the enclosing function whose every
-call site passes one of those. Anything else (``'ns:' .. ARGV[1]``, a string literal, a
+function that returns ``KEYS[...]``, a parameter of the enclosing function whose every
+call site passes one of those, or a field ``c.NAME`` (or a call ``c.NAME(...)``) whose every
+assignment (``NAME = ...`` in a table constructor, ``x.NAME = ...``) is one of those.
+Anything else (``'ns:' .. ARGV[1]``, a string literal, a
 concatenation) is a key built inside the script, which breaks Redis Cluster routing.
 """
 
@@ -22,7 +24,8 @@ from batchq import scripts
 from batchq.scripts import calls
 
 SCRIPT_DIR = Path(str(resources.files("batchq.scripts")))
-SCRIPT_FILES = sorted(p for p in SCRIPT_DIR.glob("*.lua") if p.name != "_lib.lua")
+SCRIPT_FILES = sorted(p for p in SCRIPT_DIR.glob("*.lua") if not p.name.startswith("_"))
+LIBRARY_FILES = sorted(SCRIPT_DIR.glob("_*.lua"))
 KEYLESS_COMMANDS = {"time", "echo", "ping", "publish"}  # a channel is not a key
 NUMKEYS_COMMANDS = {"lmpop"}  # numkeys, then the keys
 
@@ -148,11 +151,32 @@ class Analysis:
     key_locals: set[str] = field(default_factory=set)
     key_uses: list[KeyUse] = field(default_factory=list)
     calls: list[tuple[str, list[list[Tok]], Func | None, int]] = field(default_factory=list)
+    fields: dict[str, list[list[Tok]]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
 
 def text(expr: list[Tok]) -> str:
     return " ".join(t.text for t in expr)
+
+
+def multi_keys(toks: list[Tok], j: int) -> list[str]:
+    """The names of ``local a, b = KEYS[1], KEYS[2]`` starting at ``toks[j]`` (every value
+    a ``KEYS[<number>]``), else []."""
+    names = []
+    while toks[j].kind == "name":
+        names.append(toks[j].text)
+        if toks[j + 1].text != ",":
+            break
+        j += 2
+    j += 1
+    if toks[j].text != "=":
+        return []
+    for n, _ in enumerate(names):
+        k = j + 1 + 5 * n
+        if [t.text for t in toks[k:k + 4:3]] != ["KEYS", "]"] or toks[k + 2].kind != "num" \
+                or (n < len(names) - 1 and toks[k + 4].text != ","):
+            return []
+    return names
 
 
 def analyse(src: str) -> Analysis:
@@ -210,6 +234,28 @@ def analyse(src: str) -> Analysis:
                 j += 1
             if fn is not None:
                 fn.returns.append(expr)
+        elif (t.kind == "name" and i + 1 < len(toks) and toks[i + 1].text == "="
+              and i > 0 and toks[i - 1].text in ("{", ",", ".")):
+            # a field assigned (in a constructor, or x.NAME = ...): its value, to the next
+            # "," or closing bracket at its own depth, or the end of the line
+            line_end = src.find("\n", toks[i + 1].pos)
+            line_end = len(src) if line_end < 0 else line_end
+            val: list[Tok] = []
+            depth = 0
+            for u in toks[i + 2:]:
+                if u.kind == "op" and u.text in "([{":
+                    depth += 1
+                elif u.kind == "op" and u.text in ")]}":
+                    if depth == 0:
+                        break
+                    depth -= 1
+                elif depth == 0 and (u.text == "," or u.pos > line_end):
+                    break
+                val.append(u)
+            a.fields.setdefault(t.text, []).append(val)
+        elif (t.kind == "kw" and t.text == "local" and toks[i + 1].kind == "name"
+              and toks[i + 2].text == "," and multi_keys(toks, i + 1)):
+            a.key_locals.update(multi_keys(toks, i + 1))
         elif (t.kind == "kw" and t.text == "local" and toks[i + 1].kind == "name"
               and toks[i + 2].text == "=" and toks[i + 3].text == "KEYS"):
             _, close = split_args(toks, i + 4)
@@ -276,6 +322,18 @@ def key_violations(src: str) -> list[str]:
                                 f"({text(arg)!r}) is used as a key but not taken from KEYS")
                 return True  # the call sites are reported on their own
             return False
+        if (len(expr) >= 3 and expr[0].kind == "name" and expr[1].text == "."
+                and expr[2].kind == "name" and "." + expr[2].text not in seen):
+            vals = a.fields.get(expr[2].text, [])
+            inner = seen | {"." + expr[2].text}
+            if len(expr) == 3:  # c.NAME: every value assigned to the field is a key
+                return bool(vals) and all(safe(v, None, where, inner) for v in vals)
+            if expr[3].text == "(" and expr[-1].text == ")":  # c.NAME(...): a key function
+                return bool(vals) and all(
+                    len(v) == 1 and v[0].text in a.funcs and bool(a.funcs[v[0].text].returns)
+                    and all(safe(r, a.funcs[v[0].text], where, inner)
+                            for r in a.funcs[v[0].text].returns) for v in vals)
+            return False
         if (len(expr) >= 3 and expr[0].kind == "name" and expr[1].text == "("
                 and expr[-1].text == ")" and expr[0].text in a.funcs
                 and expr[0].text not in seen):
@@ -304,6 +362,10 @@ def key_violations(src: str) -> list[str]:
     "for i = 1, 3 do\n  redis.call('DEL', KEYS[1] .. i)\nend",
     "redis.call('LMPOP', 1, 'q:' .. ARGV[1], 'LEFT')",
     "redis.call('LMPOP', KEYS[1])",
+    "local c = {k = KEYS[1], j = 'x'}\nredis.call('DEL', c.j)",
+    "local c = {k = KEYS[1]}\nc.k = 'x' .. ARGV[1]\nredis.call('DEL', c.k)",
+    "local c = {}\nredis.call('DEL', c.k)",
+    "local function r(p)\n  return 'q' .. p\nend\nlocal c = {r = r}\nredis.call('DEL', c.r(1))",
 ])
 def test_checker_flags_keys_built_in_the_script(lua):
     assert key_violations(lua), lua
@@ -318,6 +380,8 @@ def test_checker_flags_keys_built_in_the_script(lua):
     "for k = 8, 17 do\n  redis.call('LPOP', KEYS[k], 2)\nend",
     "redis.call('LMPOP', 2, KEYS[1], KEYS[2], 'LEFT', 'COUNT', 5)",
     "-- redis.call('DEL', 'x' .. y) in a comment\nlocal s = \"redis.call('GET', 'k')\"",
+    "local c = {k = KEYS[1], n = 3}\nlocal function f(c)\n  redis.call('DEL', c.k)\nend\nf(c)",
+    "local function r(p)\n  return KEYS[8 + p]\nend\nlocal c = {r = r}\nredis.call('DEL', c.r(1))",
 ])
 def test_checker_accepts_keys_from_keys(lua):
     assert key_violations(lua) == []
@@ -361,6 +425,7 @@ def test_header_documents_keys_argv_and_return(path):
 
     body = body_of(path)
     used = {int(n) for n in re.findall(r"\bKEYS\[(\d+)\]", body)}
+    used |= {n for _, n in phase_keys(path)}
     assert used, "the script takes no key from KEYS"
     assert used <= documented, f"KEYS{sorted(used - documented)} used but not documented"
 
@@ -380,11 +445,17 @@ def test_script_takes_every_key_from_keys(name):
     assert key_violations(src) == []
 
 
-def test_library_helpers_take_keys_as_parameters():
-    lib = (SCRIPT_DIR / "_lib.lua").read_text(encoding="utf-8")
-    a = analyse(lib)
-    # the helpers touch keys only through their parameters, never KEYS or literals
+@pytest.mark.parametrize("path", LIBRARY_FILES, ids=lambda p: p.name)
+def test_library_helpers_take_keys_as_parameters(path):
+    a = analyse(path.read_text(encoding="utf-8"))
+    # the helpers touch keys only through their parameters (a key, or pop's context
+    # c: c.NAME, c.NAME(...)), never KEYS or literals
+    # the helpers touch keys only through their parameters, never literals; pop's
+    # phases (_pop_*.lua) name theirs KEYS[NAME] (_pop_keys.lua)
     for use in a.key_uses:
+        if path.name.startswith("_pop_") and (
+                is_keys_index(use.expr) or text(use.expr) in a.key_locals):
+            continue  # pop's phases name their keys: local a, b = KEYS[i], KEYS[j]
         assert len(use.expr) == 1 and use.func is not None, use.where
         assert use.expr[0].text in use.func.params, use.where
 
@@ -398,7 +469,7 @@ def test_script_loads_on_the_server(redis_client: redis.Redis, name):
 
 
 def test_library_alone_compiles(redis_client: redis.Redis):
-    lib = (SCRIPT_DIR / "_lib.lua").read_text(encoding="utf-8")
+    lib = scripts._library()
     sha = redis_client.script_load(lib)
     assert redis_client.script_exists(sha) == [True]
 
@@ -406,20 +477,41 @@ def test_library_alone_compiles(redis_client: redis.Redis):
 # --- the call builders agree with the scripts ------------------------------------------------
 
 
+def phase_keys(path: Path) -> list[tuple[str, int]]:
+    """(name, slot) of the keys a script's phases (``_<script>_*.lua``: pop.lua's) name
+    in their first lines, ``local a, b = KEYS[i], KEYS[j]``."""
+    out = []
+    for phase in sorted(path.parent.glob(f"_{path.stem}_*.lua")):
+        decl = r"(?m)^  local ([\w, ]+) = (KEYS\[\d+\](?:, KEYS\[\d+\])*)$"
+        for names, slots in re.findall(decl, phase.read_text(encoding="utf-8")):
+            ns = [n.strip() for n in names.split(",")]
+            ks = [int(k) for k in re.findall(r"\d+", slots)]
+            assert len(ns) == len(ks), (phase.name, names, slots)
+            out.extend(zip(ns, ks, strict=True))
+    return out
+
+
 def named_keys(path: Path) -> dict[int, str]:
     """KEYS slot -> name, from the ``local NAME = KEYS[n]`` lines at the top of a script
     (and ``local READY9 = n``: slots n..n+9 are ready9..ready0; ``local WAIT0 = n``:
     slots n..n+3 are waiting0..waiting3)."""
     out: dict[int, str] = {}
-    for line in body_of(path).splitlines():
-        m = re.match(r"local (\w+) = KEYS\[(\d+)\]\s*$", line)
+    for name, n in phase_keys(path):
+        assert out.setdefault(n, name) == name, f"KEYS[{n}] named {out[n]} and {name}"
+    phases = "".join(p.read_text(encoding="utf-8")
+                     for p in sorted(path.parent.glob(f"_{path.stem}_*.lua")))
+    for line in (body_of(path) + "\n" + phases).splitlines():
+        line = line.strip()
+        # (or "NAME = KEYS[n]," in a table constructor: pop.lua's context)
+        m = re.match(r"(?:local |  )(\w+) = KEYS\[(\d+)\],?\s*$", line)
         if m:
             out[int(m.group(2))] = m.group(1)
-        m = re.match(r"local READY9 = (\d+)\b", line)
+        m = re.match(r"local (?:READY9|READY_AT) = (\d+)\b", line)
         if m:
             first = int(m.group(1))
             out.update({first + i: f"ready{9 - i}" for i in range(10)})
-        m = re.match(r"local WAIT0 = (\d+)\b", line)  # slots n..n+3: waiting0..waiting3
+        # slots n..n+3: waiting0..waiting3
+        m = re.match(r"local (?:WAIT0|WAITING_AT) = (\d+)\b", line)
         if m:
             first = int(m.group(1))
             out.update({first + i: f"waiting{i}" for i in range(4)})
@@ -434,9 +526,9 @@ def test_builder_key_order_matches_the_script(path):
     assert [names[i] for i in range(1, len(order) + 1)] == list(order)
     # the body uses only the named locals, never KEYS[...] directly (READY9 aside)
     body = "\n".join(line for line in body_of(path).splitlines()
-                     if not re.match(r"local \w+ = KEYS\[\d+\]", line))
+                     if not re.match(r"(?:local |  )\w+ = KEYS\[\d+\],?\s*$", line))
     # (ack_result.lua: KEYS[RESULTS + j], one result key per job, after the named ones)
-    assert re.findall(r"KEYS\[(?!READY9|RESULTS|WAIT0)", body) == []
+    assert re.findall(r"KEYS\[(?!READY9|RESULTS|WAIT0|[A-Z_]+\])", body) == []
     # and the header documents exactly the slots the builder fills
     documented: set[int] = set()
     for lo, hi in re.findall(r"\bKEYS\[(\d+)(?:\.\.(\d+))?\]", header_of(path)):
@@ -458,7 +550,7 @@ def test_builders_fill_keys_from_the_queue(namespace):
     assert c.keys[24:32] == [k.pending, k.cancel, k.done, k.seq, k.waiting0, k.waiting1,
                              k.waiting2, k.waiting3]
     assert c.keys[32:] == [k.gready, k.groups, k.gwait, k.gstate, k.limits, k.idle, k.bundles,
-                           k.evconf, k.events]
+                           k.evconf, k.events, k.expires]
     assert calls.enqueue(k, 3, [b"e"], check=False).keys[0] == k.ready_for(3)
     assert calls.nack(k, [(b"a:1", 5)], [(b"b:1", b"r")]).args == [1, b"a:1", 5, b"b:1", b"r"]
 
@@ -484,14 +576,23 @@ def test_builders_reuse_key_lists_per_queue_and_priority(namespace, monkeypatch)
     assert len(calls._KEYS_CACHE) == 1  # full: started over
 
 
-def test_library_splits_into_whole_definitions():
-    """``scripts.definitions`` cuts ``_lib.lua`` at column-0 ``local`` lines: the pieces
+def test_every_library_file_is_read_in_order():
+    assert sorted(scripts.LIBRARY) == [p.name for p in LIBRARY_FILES]
+    assert scripts.LIBRARY[0] == "_lib.lua"
+    head, defs = scripts.definitions(scripts._library())
+    assert head.startswith("-- _lib.lua")
+    assert len(defs) > 60 and len({name for name, _ in defs}) == len(defs)
+
+
+@pytest.mark.parametrize("path", LIBRARY_FILES, ids=lambda p: p.name)
+def test_library_splits_into_whole_definitions(path):
+    """``scripts.definitions`` cuts a library file at column-0 ``local`` lines: the pieces
     give back the file, each function ends with its ``end``, each constant is one line."""
-    lib = (SCRIPT_DIR / "_lib.lua").read_text(encoding="utf-8")
+    lib = path.read_text(encoding="utf-8")
     head, defs = scripts.definitions(lib)
     assert head + "".join(text for _, text in defs) == lib
-    assert len(defs) > 40 and len({name for name, _ in defs}) == len(defs)
-    assert head.startswith("-- _lib.lua")
+    assert defs and len({name for name, _ in defs}) == len(defs)
+    assert head.startswith(f"-- {path.name}:")
     assert all(line.startswith("--") or not line for line in head.splitlines())
     for name, text in defs:
         code = [line for line in text.splitlines()

@@ -7,6 +7,7 @@ import redis
 
 from batchq.keys import QueueKeys
 from batchq.scripts import SyncScripts, calls
+from batchq.scripts.replies import PopReply, decode_pop_reply
 
 from ._lua import entry, pop_reply, server_ms
 
@@ -75,20 +76,19 @@ def test_reaped_lease_goes_back_and_a_dead_one_settles(redis_client, s, k):
     write(s, k, ["a_m"])
     open_here(s, k, "sealed")
 
-    def expire(charged: bool) -> list[object]:
+    def expire(charged: bool) -> PopReply:
         _, jobs = pop_reply(s, k, 1, lease=1)
         if charged:  # its handler was known to start (start.lua's mark)
             redis_client.hset(k.started, "a_m", lease(jobs[0]))
         redis_client.zadd(k.reserved, {lease(jobs[0]): server_ms(redis_client) - 10})
-        res: list[object] = s.call(calls.pop(k, 0, 1000, 100))
-        return res
+        return decode_pop_reply(s.call(calls.pop(k, 0, 1000, 100)))
 
     expire(charged=False)  # back to ready, attempt refunded (max_attempts 2 -> 3)
     assert counts(redis_client, k) == dict(t=1, p=1, s=0, d=0, c=0)
     expire(charged=True)  # attempt 2 of 3 charged: back again
     assert counts(redis_client, k) == dict(t=1, p=1, s=0, d=0, c=0)
     res = expire(charged=True)  # the last attempt: dead as crashed_worker, settled
-    assert res[7] == 1 and res[9] == [CID.encode()]
+    assert res.crashed == 1 and res.due_campaigns == [CID.encode()]
     assert counts(redis_client, k) == dict(t=1, p=0, s=0, d=1, c=0)
     assert redis_client.hlen(k.jobmeta) == 0
 
@@ -99,10 +99,10 @@ def test_pop_drops_jobs_of_a_cancelled_campaign(redis_client, s, k):
     redis_client.rpush(k.ready_for(0), entry("plain"))
     _, jobs = pop_reply(s, k, 1)
     reply = s.call(calls.campaign_queue(k, CID, "cancel"))
-    assert reply == [b"cancelled", 3, 3, 0, 0, 0, 1]  # one of the three holds a lease
-    res = s.call(calls.pop(k, 10, 30_000, 100))
-    assert [j.split(b":")[3] for j in res[11:]] == [b"plain"]
-    assert res[9] == []  # one still running: not due yet
+    assert reply == [b"cancelled", 3, 3, 0, 0, 0, 1, 0]  # one of the three holds a lease
+    res = decode_pop_reply(s.call(calls.pop(k, 10, 30_000, 100)))
+    assert [j.split(b":")[3] for j in res.jobs] == [b"plain"]
+    assert res.due_campaigns == []  # one still running: not due yet
     assert counts(redis_client, k) == dict(t=3, p=1, s=0, d=0, c=2)
     assert s.call(calls.ack(k, [lease(jobs[0])])) == [0, CID.encode()]
     assert counts(redis_client, k) == dict(t=3, p=0, s=1, d=0, c=2)

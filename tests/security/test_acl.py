@@ -18,6 +18,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 import batchq
+from batchq.scripts.replies import decode_pop_reply
 
 from .acl import acl_setuser_args
 from .conftest import AclServer, WorkerFactory, clean_env
@@ -225,8 +226,9 @@ def test_a_user_without_lmpop_still_pops_every_priority_in_order(
             t.options(priority=prio).enqueue(prio)
         s = SyncScripts(app.redis)
         for bundle in (False, True):
-            res = s.call(calls.pop(k, 2 if not bundle else 5, 30_000, 100, bundle=bundle))
-            got = [batchq.codec.decode_entry(e, "acl-old-pop").args[0] for e in res[11:]]
+            res = decode_pop_reply(
+                s.call(calls.pop(k, 2 if not bundle else 5, 30_000, 100, bundle=bundle)))
+            got = [batchq.codec.decode_entry(e, "acl-old-pop").args[0] for e in res.jobs]
             assert got == ([9, 5] if not bundle else [0]), got
         assert q.stats().reserved == 3
     finally:

@@ -7,38 +7,43 @@ import ast
 import asyncio
 import os
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import redis
 import redis.asyncio.connection
 
 import batchq
-from batchq import connection, producer
+from batchq import clients, connection, metrics, metrics_http, producer, queue, stats
 from batchq.clients import Clients
 from batchq.connection import RedisSettings
 
-PKG = Path(batchq.__file__).parent
 
-
-def _imports(module: str) -> set[str]:
-    """The batchq modules ``module`` imports (any level, TYPE_CHECKING blocks too)."""
-    tree = ast.parse((PKG / f"{module}.py").read_text())
+def _imports(module: ModuleType) -> set[str]:
+    """The last names of the batchq modules ``module`` imports, and the names it imports
+    from them (any level, TYPE_CHECKING blocks too)."""
+    tree = ast.parse(Path(str(module.__file__)).read_text())
+    package = module.__name__.split(".")[:-1]
     out: set[str] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            if node.module:
-                out.add(node.module.split(".")[0])
-            else:
-                out.update(a.name for a in node.names)
+        if isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            full = ".".join([*base, *(node.module or "").split(".")]).strip(".")
+            if full.split(".")[0] != "batchq":
+                continue
+            names = {a.name for a in node.names}
+            if full != "batchq" or "__version__" in names:  # the package root itself
+                out.add(full.rsplit(".", 1)[-1])
+            out.update(names)
     return out
 
 
 def test_producer_queue_clients_never_import_app() -> None:
-    for module in ("producer", "queue", "clients", "stats", "metrics", "metrics_http"):
+    for module in (producer, queue, clients, stats, metrics, metrics_http):
         assert "app" not in _imports(module), module
-    assert "producer" not in _imports("clients") and "queue" not in _imports("clients")
-    assert "metrics_http" not in _imports("metrics")
-    assert "batchq" not in _imports("metrics")  # the version comes from importlib.metadata
+    assert "producer" not in _imports(clients) and "queue" not in _imports(clients)
+    assert "metrics_http" not in _imports(metrics)
+    assert "batchq" not in _imports(metrics)  # the version comes from importlib.metadata
 
 
 def test_clients_are_lazy_cached_and_rebuilt_after_fork_or_new_settings(

@@ -221,6 +221,153 @@ def test_no_module_in_batchq_over_500_lines() -> None:
             f"  {m}: {n} lines" for m, n in long), pytrace=False)
 
 
+def _closure(start: str, graph: dict[str, set[str]]) -> dict[str, str]:
+    """Every module ``start`` imports, directly or not, with the module that imports it."""
+    seen: dict[str, str] = {}
+    todo = [start]
+    while todo:
+        v = todo.pop()
+        for w in sorted(graph.get(v, ())):
+            if w not in seen and w != start:
+                seen[w] = v
+                todo.append(w)
+    return seen
+
+
+def _leaf(module: str) -> str:
+    return module.rsplit(".", 1)[-1]
+
+
+METRICS_SIDE = {"metrics", "metrics_http", "flow_metrics", "stats"}
+"""Modules of the metrics and stats (by their last name, wherever they live)."""
+REGISTRY = {"app", "task", "periodic", "campaign"}
+"""The task registry and what is built on it."""
+
+
+def metrics_reaching_registry(package_dir: Path) -> list[str]:
+    """``metrics -> ... -> task`` for each metrics or stats module that imports (even
+    indirectly, even lazily) the task registry: they take clients, not the app."""
+    graph: dict[str, set[str]] = {}
+    for e in import_edges(package_dir):
+        graph.setdefault(e.source, set()).add(e.target)
+    out = []
+    for module in sorted(module_files(package_dir)):
+        if _leaf(module) not in METRICS_SIDE:
+            continue
+        reached = _closure(module, graph)
+        for bad in sorted(m for m in reached if _leaf(m) in REGISTRY):
+            chain = [bad]
+            while chain[-1] != module:
+                chain.append(reached.get(chain[-1], module))
+            out.append(" -> ".join(reversed(chain)))
+    return out
+
+
+def imports_of_bench(package_dir: Path) -> list[str]:
+    """``path:line`` of every import of the top-level ``bench`` folder (a statement, or
+    ``importlib.import_module("bench...")``): the installed package has no bench/."""
+    out = []
+    for module, path in module_files(package_dir).items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            elif (isinstance(node, ast.Call) and node.args
+                  and isinstance(node.args[0], ast.Constant)
+                  and isinstance(node.args[0].value, str)
+                  and getattr(node.func, "attr", getattr(node.func, "id", "")) in
+                  ("import_module", "run_module", "spec_from_file_location")):
+                names = [node.args[0].value]
+            if any(n == "bench" or n.startswith("bench.") for n in names):
+                out.append(f"{module} ({path.name}:{node.lineno})")
+    return out
+
+
+def imports_of_the_cli(package_dir: Path) -> list[Edge]:
+    """Imports of the CLI from outside it: only a ``__main__`` (an entry point, never
+    imported) may; the CLI sits on top of every package."""
+    cli = f"{package_dir.name}.cli"
+    return [e for e in import_edges(package_dir)
+            if (e.target == cli or e.target.startswith(cli + "."))
+            and not (e.source == cli or e.source.startswith(cli + "."))
+            and _leaf(e.source) != "__main__"]
+
+
+def test_metrics_and_stats_never_import_the_task_registry() -> None:
+    found = metrics_reaching_registry(PACKAGE_DIR)
+    if found:
+        pytest.fail("metrics and stats take clients, not the app's registry:\n" +
+                    "\n".join("  " + f for f in found), pytrace=False)
+
+
+def test_nothing_in_batchq_imports_bench() -> None:
+    found = imports_of_bench(PACKAGE_DIR)
+    if found:
+        pytest.fail("batchq/ imports bench/, which is not installed:\n" +
+                    "\n".join("  " + f for f in found), pytrace=False)
+
+
+def test_no_package_imports_the_cli() -> None:
+    found = imports_of_the_cli(PACKAGE_DIR)
+    if found:
+        pytest.fail("only a __main__ imports the CLI:\n" + "\n".join(
+            f"  {e.source} -> {e.target} ({e.path.relative_to(REPO_ROOT)}:{e.line})"
+            for e in found), pytrace=False)
+
+
+def test_a_moved_module_keeps_its_old_path_with_a_warning(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+    import sys
+    import warnings
+
+    import batchq
+
+    home = batchq.Limit.__module__.removeprefix("batchq.")
+    monkeypatch.setitem(batchq._MOVED, "_old_home_of_limit", home)
+    monkeypatch.delitem(sys.modules, "batchq._old_home_of_limit", raising=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = importlib.import_module("batchq._old_home_of_limit")
+        again = importlib.import_module("batchq._old_home_of_limit")
+    try:
+        assert old is again is sys.modules[f"batchq.{home}"]
+        assert old.__spec__ is not None and old.__spec__.name == f"batchq.{home}"
+        assert old.Limit is batchq.Limit
+        assert [(w.category, str(w.message)) for w in caught] == [
+            (DeprecationWarning, f"batchq._old_home_of_limit moved to batchq.{home}; the "
+             "old path goes in the next release")]
+        assert caught[0].filename == __file__  # points at the import, not importlib
+    finally:
+        sys.modules.pop("batchq._old_home_of_limit", None)
+
+
+def test_every_old_path_is_the_module_at_its_new_path() -> None:
+    import importlib
+    import sys
+    import warnings
+
+    import batchq
+
+    for old, new in sorted(batchq._MOVED.items()):
+        saved = sys.modules.pop(f"batchq.{old}", None)
+        try:
+            with pytest.warns(DeprecationWarning, match=f"batchq.{old} moved to batchq.{new}"):
+                module = importlib.import_module(f"batchq.{old}")
+            assert module is importlib.import_module(f"batchq.{new}"), old
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # once per path
+                assert importlib.import_module(f"batchq.{old}") is module
+            assert getattr(batchq, old) is module
+        finally:
+            sys.modules.pop(f"batchq.{old}", None)
+            if saved is not None:
+                sys.modules[f"batchq.{old}"] = saved
+
+
 # --- the checker, on synthetic packages ----------------------------------------------------
 
 
@@ -315,3 +462,21 @@ def test_long_module_check_names_the_module_and_its_length(tmp_path: Path) -> No
         "sub/long.py": "x = 1\n" * 501,
     })
     assert long_modules(root) == [("pkg.sub.long", 501)]
+
+
+def test_rules_find_a_registry_import_bench_and_the_cli(tmp_path: Path) -> None:
+    root = _package(tmp_path, {
+        "stats.py": "from . import codec\n",
+        "codec.py": "def f():\n    from .task import Task\n",
+        "task.py": "",
+        "metrics.py": "from .stats import read\n",
+        "tool.py": "import importlib\nimportlib.import_module('bench.__main__')\n",
+        "web/__init__.py": "", "web/__main__.py": "from ..cli import main\n",
+        "web/page.py": "from ..cli.common import out\n",
+        "cli/__init__.py": "from ..web import page\n", "cli/common.py": "",
+    })
+    assert metrics_reaching_registry(root) == [
+        "pkg.metrics -> pkg.stats -> pkg.codec -> pkg.task", "pkg.stats -> pkg.codec -> pkg.task"]
+    assert imports_of_bench(root) == ["pkg.tool (tool.py:2)"]
+    assert [(e.source, e.target) for e in imports_of_the_cli(root)] == [
+        ("pkg.web.page", "pkg.cli.common")]

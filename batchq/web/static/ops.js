@@ -48,14 +48,15 @@
           h.el("span", { class: "muted" }, ` ${h.fmtInt(c.finished)}/${h.fmtInt(c.total)}`)),
         h.numCell(c.pending, "pending"), h.numCell(c.succeeded, "succeeded"),
         h.numCell(c.dead, "dead", "dead-count"), h.numCell(c.cancelled, "cancelled"),
+        h.numCell(c.expired, "expired"),
         h.el("td", { class: "num", "data-col": "rate", title: c.rate_source }, h.rate(c.rate_per_s)),
         h.el("td", { class: "num", "data-col": "eta" }, eta(h, c.eta_s)),
         h.el("td", { "data-col": "created" }, h.when(c.created_at)),
         h.el("td", { "data-col": "finished" }, h.when(c.finished_at))));
       body.replaceChildren(h.table(["Campaign", "State", "Progress", "Pending", "Succeeded",
-        "Dead", "Cancelled", "Done/s", "ETA", "Created (UTC)", "Finished (UTC)"],
-      rows.length ? rows : [h.el("tr", {}, h.el("td", { colspan: 11, class: "muted" }, "no campaigns"))],
-      [3, 4, 5, 6, 7, 8]));
+        "Dead", "Cancelled", "Expired", "Done/s", "ETA", "Created (UTC)", "Finished (UTC)"],
+      rows.length ? rows : [h.el("tr", {}, h.el("td", { colspan: 12, class: "muted" }, "no campaigns"))],
+      [3, 4, 5, 6, 7, 8, 9]));
     });
   };
 
@@ -92,6 +93,7 @@
         h.card("Done", `${pct(c.finished, c.total)}%`, "done-pct", `${h.fmtInt(c.finished)} of ${h.fmtInt(c.total)}`),
         h.card("Pending", h.fmtInt(c.pending), "pending"), h.card("Succeeded", h.fmtInt(c.succeeded), "succeeded"),
         h.card("Dead", h.fmtInt(c.dead), "dead"), h.card("Cancelled", h.fmtInt(c.cancelled), "cancelled"),
+        h.card("Expired", h.fmtInt(c.expired), "expired"),
         h.card("Done/s", h.rate(c.rate_per_s), "rate", c.rate_source === "1m" ? "last minute" : "average"),
         h.card("ETA", eta(h, c.eta_s), "eta"),
         textCard(h, "Created (UTC)", h.when(c.created_at), "created"),
@@ -100,10 +102,11 @@
       queues.replaceChildren(...c.per_queue.map((q) => h.el("section", { "data-queue": q.queue },
         h.el("h3", {}, h.link("/groups?" + h.qs({ queue: q.queue }), q.queue),
           q.flag ? h.el("span", { class: "muted" }, " " + q.flag) : null),
-        q.total === undefined ? null : h.table(["Total", "Pending", "Succeeded", "Dead", "Cancelled"],
+        q.total === undefined ? null : h.table(["Total", "Pending", "Succeeded", "Dead", "Cancelled", "Expired"],
           [h.el("tr", {}, h.numCell(q.total, "total"), h.numCell(q.pending, "pending"),
-            h.numCell(q.succeeded, "succeeded"), h.numCell(q.dead, "dead"), h.numCell(q.cancelled, "cancelled"))],
-          [0, 1, 2, 3, 4]),
+            h.numCell(q.succeeded, "succeeded"), h.numCell(q.dead, "dead"), h.numCell(q.cancelled, "cancelled"),
+            h.numCell(q.expired, "expired"))],
+          [0, 1, 2, 3, 4, 5]),
         h.table(["Group with ready jobs", "Pending", "Running", "State"],
           q.groups.length ? q.groups.map((g) => h.el("tr", { "data-group": g.group },
             h.el("td", {}, g.group), h.numCell(g.pending, "pending"), h.numCell(g.running, "running"),
