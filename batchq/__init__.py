@@ -10,12 +10,19 @@ from collections.abc import Sequence as _Sequence
 from importlib import abc as _abc
 from importlib import machinery as _machinery
 
-from .app import App
-from .breaker import BreakerOpen
-from .campaign import Campaign, CampaignStats
-from .codec import Job
-from .context import JobContext, current_job
-from .errors import (
+from .flow.breaker import BreakerOpen
+from .flow.limits import GroupState, Limit
+from .load import CurrentJob
+from .ops.events import Event
+from .ops.jobinfo import JobInfo
+from .ops.queue import DeadJob, DeadRetention, Queue, QueueStats
+from .produce.campaign import Campaign, CampaignStats
+from .produce.periodic import Schedule, periodic_status, run_scheduler
+from .produce.producer import Call, call
+from .store.codec import Job
+from .tasks.app import App
+from .tasks.context import JobContext, current_job
+from .tasks.errors import (
     BatchqError,
     CampaignClosed,
     CampaignNotFound,
@@ -32,18 +39,11 @@ from .errors import (
     ResultNotKept,
     Retry,
 )
-from .events import Event
-from .jobinfo import JobInfo
-from .limits import GroupState, Limit
-from .load import CurrentJob
-from .lock import Lock
-from .periodic import Schedule, periodic_status, run_scheduler
-from .producer import Call, call
-from .queue import DeadJob, DeadRetention, Queue, QueueStats
-from .task import Task, TaskCall, TaskConfig
+from .tasks.lock import Lock
+from .tasks.task import Task, TaskCall, TaskConfig
 from .worker import JobFailed, Worker, WorkerSettings, run_worker
 
-__version__ = "0.6.0"
+__version__ = "0.7.0"
 
 __all__ = [
     "App",
@@ -96,7 +96,59 @@ __all__ = [
 
 # --- module paths that moved: importable under their old name for one release ---------
 
-_MOVED: dict[str, str] = {}
+_MOVED: dict[str, str] = {
+    "_twins": "store._twins",
+    "app": "tasks.app",
+    "audit": "ops.audit",
+    "breaker": "flow.breaker",
+    "calendars": "flow.calendars",
+    "campaign": "produce.campaign",
+    "clients": "store.clients",
+    "codec": "store.codec",
+    "connection": "store.connection",
+    "connlimit": "ops.connlimit",
+    "context": "tasks.context",
+    "durable": "store.durable",
+    "durations": "tasks.durations",
+    "errors": "tasks.errors",
+    "events": "ops.events",
+    "exitcodes": "worker.exitcodes",
+    "flow_metrics": "flow.metrics",
+    "flow_view": "flow.view",
+    "health": "ops.health",
+    "ids": "store.ids",
+    "jobinfo": "ops.jobinfo",
+    "keys": "store.keys",
+    "lane": "store.lane",
+    "limits": "flow.limits",
+    "loadgen": "load.schedule",
+    "loading": "tasks.loading",
+    "lock": "tasks.lock",
+    "logs": "ops.logs",
+    "metrics": "ops.metrics",
+    "metrics_http": "ops.metrics_http",
+    "options": "produce.options",
+    "otel": "ops.otel",
+    "overview": "ops.overview",
+    "periodic": "produce.periodic",
+    "plan": "produce.plan",
+    "producer": "produce.producer",
+    "queue": "ops.queue",
+    "replicas": "store.replicas",
+    "results": "tasks.results",
+    "scripts": "store.scripts",
+    "sentinel": "store.sentinel",
+    "seqs": "produce.seqs",
+    "shards": "store.shards",
+    "stats": "ops.stats",
+    "stream": "produce.chunks",
+    "supervisor": "worker.supervisor",
+    "supervisor_metrics": "worker.supervisor_metrics",
+    "task": "tasks.task",
+    "tracked": "produce.tracked",
+    "web_settings": "web.settings",
+    "windows": "flow.windows",
+}
 """Old module path -> new one, both relative to ``batchq`` (a package maps its
 submodules too). Importing an old path gives the module itself, with one
 ``DeprecationWarning`` per path and process; nothing is left at the old place."""

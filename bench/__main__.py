@@ -26,7 +26,7 @@ JOBS = {"enqueue": (50_000, 2_000), "drain": (100_000, 2_000), "allin": (1_000_0
         "campaign": (100_000, 2_000), "fanout": (100_000, 2_000), "groups": (100_000, 2_000),
         "shards": (200_000, 5_000), "cancel-drop": (100_000, 2_000),
         "fanout-drain": (200_000, 2_000),
-        "iocurve": (0, 0)}  # 0: per level, bench/iocurve.py's default_jobs
+        "iocurve": (0, 0)}  # 0: per level, bench/scenarios/iocurve.py's default_jobs
 
 
 def _common(p: argparse.ArgumentParser, scenario: str) -> None:
@@ -196,16 +196,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_scenario(args: argparse.Namespace) -> int:
+    from bench.scenarios.allin import run_allin
+    from bench.scenarios.campaigns import run_campaign
+    from bench.scenarios.cancel import run_cancel_drop
+    from bench.scenarios.fanout_drain import run_fanout_drain
+    from bench.scenarios.flow import run_fanout, run_groups, run_ratecheck
+    from bench.scenarios.iocurve import run_iocurve
+    from bench.scenarios.latency import run_latency
+    from bench.scenarios.resources import run_idle, run_memory
+    from bench.scenarios.throughput import run_drain, run_enqueue, run_scale
+
     from . import harness
-    from .allin import run_allin
-    from .campaigns import run_campaign
-    from .cancel import run_cancel_drop
-    from .fanout_drain import run_fanout_drain
-    from .flow import run_fanout, run_groups, run_ratecheck
-    from .iocurve import run_iocurve
-    from .latency import run_latency
-    from .resources import run_idle, run_memory
-    from .throughput import run_drain, run_enqueue, run_scale
 
     s = args.scenario
     quick = args.quick
@@ -282,7 +283,7 @@ def _run_scenario(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.scenario == "plot":
-        from .plot import plot
+        from bench.tools.plot import plot
 
         out = plot(args.records, args.output)
         print(f"wrote {out}")
@@ -292,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return peers_main(args)
     if args.scenario == "shards":
-        from .shards import run as run_shards
+        from bench.scenarios.shards import run as run_shards
 
         try:
             return run_shards(args)

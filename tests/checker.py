@@ -282,7 +282,7 @@ def leftovers(r: Any, namespace: str, queues: Iterable[str], *,
       registry ``NS:queues``, the worker registry ``NS:workers`` and worker entries
       ``NS:worker:<id>`` that expire (a TTL), campaign records and their index;
     * tracked jobs' entries (jobmeta) left when nothing is pending."""
-    from batchq.keys import QueueKeys
+    from batchq.store.keys import QueueKeys
 
     problems: list[str] = []
     allowed: set[bytes] = {f"{namespace}:queues".encode(), f"{namespace}:workers".encode(),

@@ -24,8 +24,47 @@ from batchq.dev.server import EmbeddedServer  # noqa: E402
 TEST_REDIS_URL_ENV = "BATCHQ_TEST_REDIS_URL"
 
 
+# --- layers: a marker on each test module (``pytestmark``); tests/README.md -------------
+LAYERS = {
+    "unit": "no Redis, no process: pure functions and static checks",
+    "script": "one Lua script called directly on the session's Redis",
+    "integration": "the API and real worker processes against a real Redis",
+    "e2e": "the real CLI or a real service process, end to end",
+    "fault": "a fault injected: kills, outages, hostile input, misuse",
+}
+TOPOLOGY = {"cluster": "runs on the embedded 3-master Redis Cluster"}
+REDIS_FIXTURES = ("redis_url", "redis_client")
+
+
+def _layer(item: pytest.Item) -> str | None:
+    for mark in item.iter_markers():
+        if mark.name in LAYERS:
+            return mark.name
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Slow tests are skipped unless asked for (``-m slow``, or any ``-m`` naming ``slow``
+    without ``not``, or ``BATCHQ_SLOW=1``); a ``unit`` test that takes a Redis fixture is
+    a collection error."""
+    wrong = [f"{item.nodeid} uses {name}" for item in items if _layer(item) == "unit"
+             for name in REDIS_FIXTURES if name in item.fixturenames]
+    if wrong:
+        raise pytest.UsageError("unit tests must not use Redis (mark them integration):\n"
+                                + "\n".join(wrong))
+    expr = config.getoption("markexpr", "") or ""
+    if os.environ.get("BATCHQ_SLOW") == "1" or ("slow" in expr and "not slow" not in expr):
+        return
+    skip = pytest.mark.skip(reason="slow: run with -m slow or BATCHQ_SLOW=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: long-running test")
+    for name, what in {**LAYERS, **TOPOLOGY}.items():
+        config.addinivalue_line("markers", f"{name}: {what}")
     reaper.start()
 
 

@@ -1,5 +1,5 @@
-"""The base of the tests' thread-hosted TCP proxies (tests/faults/proxy.py: fault
-injection; tests/security/tlsproxy.py: TLS termination).
+"""The base of the tests' thread-hosted TCP proxies (tests/fixtures/proxy.py: fault
+injection; tests/fixtures/tlsproxy.py: TLS termination).
 
 A :class:`ThreadedProxy` listens on loopback (optionally with TLS) and runs its own
 asyncio event loop in a daemon thread, so a synchronous test can put it between a

@@ -3,9 +3,9 @@
 * :func:`worker_env`: the CLI's environment with every stray ``BATCHQ_*`` variable unset;
 * :class:`WorkerProcs`: ``batchq worker APP ...`` processes, each waited for until it
   serves, SIGKILLed at teardown if still running (the ``start_worker`` fixtures of
-  tests/integration, tests/cluster and tests/security are thin adapters over it);
-* :class:`WorkerFleet`: the base of the fleet harnesses (tests/e2e supervisor tests,
-  tests/faults): supervisors and their children found through ``/proc``, kills
+  tests/fixtures/basic.py, tests/fixtures/cluster.py and tests/security are thin adapters over it);
+* :class:`WorkerFleet`: the base of the fleet harnesses (tests/worker/test_supervisor.py,
+  tests/fixtures/fleet.py): supervisors and their children found through ``/proc``, kills
   remembered, failure messages that show the queue and the logs.
 """
 

@@ -1,5 +1,5 @@
 """The ``batchq`` command: argument parsing and output only; every command returns an exit
-code from ``batchq.exitcodes`` (0 ok, 1 error, 2 usage, 3 cannot import the app, 4 cannot
+code from ``batchq.worker.exitcodes`` (0 ok, 1 error, 2 usage, 3 cannot import the app, 4 cannot
 reach Redis).
 
 One module per command family: ``worker`` (worker, server), ``info``, ``dead``,
@@ -8,7 +8,7 @@ One module per command family: ``worker`` (worker, server), ``info``, ``dead``,
 target resolution, ``flags`` the checked flag types. Nothing outside this package
 imports it but the ``python -m`` entry points (``batchq.__main__``;
 ``batchq.web.__main__``, which is ``batchq web``); app loading lives in
-``batchq.loading``.
+``batchq.tasks.loading``.
 
 A password given with ``--redis-url`` would be readable by every user in the process
 list (``/proc/PID/cmdline``) of the command and of every worker it forks. So before
@@ -24,9 +24,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ..connection import redact
-from ..exitcodes import EXIT_USAGE
-from ..loading import AppImportError, load_app
+from ..store.connection import redact
+from ..tasks.loading import AppImportError, load_app
+from ..worker.exitcodes import EXIT_USAGE
 from .flags import Parser, UsageError, check_env_url, redis_url, url_problem
 
 __all__ = ["AppImportError", "load_app", "main"]

@@ -1,4 +1,4 @@
-"""``batchq audit``: the namespace's audit log (``batchq.audit``), newest first; and
+"""``batchq audit``: the namespace's audit log (``batchq.ops.audit``), newest first; and
 ``audited``, which every command that changes something wraps its action in, so the
 action leaves one entry (who: ``cli:<os user>``; the result: ``ok`` or the error).
 
@@ -16,7 +16,8 @@ from typing import Any
 
 import redis
 
-from .. import audit, exitcodes
+from ..ops import audit
+from ..worker import exitcodes
 from .common import Fail, Target, add_common, dumps, err, guarded, iso, out, table, target
 from .common import text as show
 from .flags import count_between

@@ -1,7 +1,7 @@
 """``batchq bench``: load-test a target through your own task, or run the harness.
 
 ``batchq bench load MODULE:APP TASK`` sends jobs of ``TASK`` on an open-loop rate
-profile (``batchq.loadgen``): ``--rate R --duration D``, ``--steps 500,1000,2000
+profile (``batchq.load.schedule``): ``--rate R --duration D``, ``--steps 500,1000,2000
 --step-s 30`` or ``--ramp 0:5000 --duration 120``. Each job carries its intended send
 time, and the workers that run it (any number, on any machine) record the task's run
 time (the target's latency as the handler saw it), enqueue-to-start and
@@ -41,8 +41,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import exitcodes
-from ..loading import AppImportError, load_app
+from ..tasks.loading import AppImportError, load_app
+from ..worker import exitcodes
 from .flags import add_redis_url, count_between, positive_number, seconds
 
 # the load-test machinery is imported by the commands that use it: the parser of every
@@ -50,7 +50,7 @@ from .flags import add_redis_url, count_between, positive_number, seconds
 if TYPE_CHECKING:
     from ..load.driver import Driver
     from ..load.profiles import AbortRule
-    from ..loadgen import Profile
+    from ..load.schedule import Profile
 
 PRODUCER_GRACE_S = 15.0
 """How long after its schedule ends a producer process may take to merge and exit (it
@@ -169,7 +169,7 @@ class _Usage(Exception):
 def _profile(args: argparse.Namespace) -> Profile | None:
     """The rate profile of the flags (None: none given, take the run's with --join)."""
     from ..load.profiles import parse_ramp, parse_steps
-    from ..loadgen import Profile
+    from ..load.schedule import Profile
 
     given = [f for f in ("rate", "steps", "ramp") if getattr(args, f) is not None]
     if len(given) > 1:
@@ -251,7 +251,7 @@ def cmd_load(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return exitcodes.EXIT_IMPORT
     if args.redis_url:
-        from ..connection import RedisSettings
+        from ..store.connection import RedisSettings
 
         app.redis_settings = RedisSettings(args.redis_url)
     task = app.tasks.get(args.task)
@@ -292,7 +292,6 @@ def _run_async(coro: Any) -> Any:
 async def _load(args: argparse.Namespace, app: Any, task: Any, profile: Profile | None,
                 rules: list[AbortRule], part: tuple[int, int] | None,
                 job: tuple[list[Any], dict[str, Any]] | None) -> int:
-    from ..keys import load_keys
     from ..load.driver import (
         CHILD_LEAD_S,
         Driver,
@@ -304,6 +303,7 @@ async def _load(args: argparse.Namespace, app: Any, task: Any, profile: Profile 
         spawn_children,
     )
     from ..load.report import bottlenecks, build, incomplete, render, write_html, write_png
+    from ..store.keys import load_keys
 
     tty = sys.stderr.isatty()
 

@@ -1,5 +1,5 @@
 """``batchq breaker ls|open|close MODULE:APP [NAME]``: the app's circuit breakers
-(``batchq.breaker``) as Redis has them (state, time left open, failures in the window,
+(``batchq.flow.breaker``) as Redis has them (state, time left open, failures in the window,
 probes, trips, jobs re-routed by the tasks bound to each), and an operator's open or
 close. Breakers are declared in the app (``app.breaker(...)``), so the app is required.
 Open and close each leave an entry in the audit log (``batchq audit``).
@@ -11,9 +11,9 @@ import argparse
 import sys
 from typing import Any, NoReturn
 
-from .. import exitcodes
-from ..breaker import Breaker, states
-from ..durations import check_seconds
+from ..flow.breaker import Breaker, states
+from ..tasks.durations import check_seconds
+from ..worker import exitcodes
 from .audit import audited
 from .common import Target, add_common, dumps, duration, guarded, load, out, table, target, usage
 from .flags import seconds

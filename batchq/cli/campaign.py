@@ -12,11 +12,11 @@ import argparse
 import time
 from typing import Any
 
-from .. import campaign as campaigns
-from .. import exitcodes
-from ..campaign import CampaignStats
-from ..errors import CampaignNotFound
-from ..tracked import check_campaign_id
+from ..produce import campaign as campaigns
+from ..produce.campaign import CampaignStats
+from ..produce.tracked import check_campaign_id
+from ..tasks.errors import CampaignNotFound
+from ..worker import exitcodes
 from .audit import audited
 from .common import (
     Fail,

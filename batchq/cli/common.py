@@ -14,7 +14,7 @@ told apart by the ``:`` that queue and task names cannot contain. Data read from
 shown escaped: control characters and bytes that are not UTF-8 never reach the terminal
 raw.
 
-Exit codes come from ``batchq.exitcodes``: 0 ok, 1 error, 2 usage, 3 cannot import the
+Exit codes come from ``batchq.worker.exitcodes``: 0 ok, 1 error, 2 usage, 3 cannot import the
 app, 4 cannot reach Redis.
 """
 
@@ -34,11 +34,11 @@ from urllib.parse import unquote, urlsplit
 
 import redis
 
-from .. import exitcodes
-from ..app import App
-from ..connection import RedisSettings, redact, resolve_url
-from ..loading import AppImportError, load_app
-from ..queue import Queue
+from ..ops.queue import Queue
+from ..store.connection import RedisSettings, redact, resolve_url
+from ..tasks.app import App
+from ..tasks.loading import AppImportError, load_app
+from ..worker import exitcodes
 from .flags import add_redis_url
 
 Handler = Callable[[argparse.Namespace], int]

@@ -8,10 +8,10 @@ import argparse
 import time
 from typing import Any
 
-from .. import exitcodes
-from ..connection import RedisSettings
-from ..keys import queues_key
-from ..queue import Queue
+from ..ops.queue import Queue
+from ..store.connection import RedisSettings
+from ..store.keys import queues_key
+from ..worker import exitcodes
 from .audit import audited
 from .common import (
     Handler,
@@ -85,7 +85,7 @@ def _pause_cmd(paused: bool) -> Handler:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from ..health import check, probe_lines
+    from ..ops.health import check, probe_lines
 
     t = target(args)
     h = check(RedisSettings(t.url))

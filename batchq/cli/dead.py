@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .. import exitcodes
-from ..queue import DeadJob, Queue
+from ..ops.queue import DeadJob, Queue
+from ..worker import exitcodes
 from .audit import audited
 from .common import add_common, app_and, dumps, err, guarded, iso, out, table, target, text, usage
 from .flags import int_at_least

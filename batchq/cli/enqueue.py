@@ -26,11 +26,12 @@ from typing import IO, Any
 
 import redis
 
-from .. import codec, exitcodes
-from ..connection import redact
-from ..errors import EnqueueError
-from ..producer import Call
-from ..task import Task
+from ..produce.producer import Call
+from ..store import codec
+from ..store.connection import redact
+from ..tasks.errors import EnqueueError
+from ..tasks.task import Task
+from ..worker import exitcodes
 from .common import (
     Fail,
     add_common,

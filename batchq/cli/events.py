@@ -1,5 +1,5 @@
 """``batchq events [MODULE:APP] [-q QUEUE] [--follow] [--since ID] [--json]``: the job
-events of queues (``batchq.events``), oldest kept first, one line each (``--json``: one
+events of queues (``batchq.ops.events``), oldest kept first, one line each (``--json``: one
 JSON object a line, for scripts); ``--follow`` waits for new ones until interrupted. A
 reader behind the trim gets a ``gap`` line with the count it missed. ``--enable`` /
 ``--disable`` turn a queue's events on or off (``Queue.events``).
@@ -13,7 +13,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
-from .. import events, exitcodes
+from ..ops import events
+from ..worker import exitcodes
 from .common import add_common, app_only, dumps, guarded, out, target, usage
 from .common import text as show
 

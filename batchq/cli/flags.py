@@ -18,9 +18,9 @@ from urllib.parse import urlsplit
 
 import redis.connection
 
-from ..connection import CLUSTER_SCHEMES, check_url, plain_url, redact
-from ..exitcodes import EXIT_USAGE
-from ..sentinel import SENTINEL_SCHEMES, is_sentinel_url
+from ..store.connection import CLUSTER_SCHEMES, check_url, plain_url, redact
+from ..store.sentinel import SENTINEL_SCHEMES, is_sentinel_url
+from ..worker.exitcodes import EXIT_USAGE
 from ..worker.selection import MAX_WEIGHT, ORDERS
 
 URL_SCHEMES = ("redis", "rediss", "unix", *CLUSTER_SCHEMES, *SENTINEL_SCHEMES)

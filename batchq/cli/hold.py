@@ -1,7 +1,7 @@
 """``batchq hold`` / ``batchq release``: hold a queue or one of its groups (workers start
 none of its jobs until the hold ends), or lift a hold now, whoever set it: an operator,
 or a handler that raised ``RateLimited`` (``Queue.hold``, ``Queue.release``; holds are
-kept in Redis, ``batchq/limits.py``). A release wakes an idle worker, so the held jobs
+kept in Redis, ``batchq/flow/limits.py``). A release wakes an idle worker, so the held jobs
 start at once. Each leaves an entry in the audit log (``batchq audit``).
 """
 
@@ -12,10 +12,10 @@ import sys
 import time
 from typing import Any, NoReturn
 
-from .. import exitcodes
-from ..keys import queues_key
-from ..limits import MAX_HOLD_S, check_group
-from ..queue import Queue
+from ..flow.limits import MAX_HOLD_S, check_group
+from ..ops.queue import Queue
+from ..store.keys import queues_key
+from ..worker import exitcodes
 from .audit import audited
 from .common import (
     Target,

@@ -1,6 +1,6 @@
 """``batchq info``: queue counts, live workers and periodic tasks, once or refreshed.
 
-What it shows is ``batchq.overview.snapshot`` (``--json`` prints it as it is; the web
+What it shows is ``batchq.ops.overview.snapshot`` (``--json`` prints it as it is; the web
 console's ``/api/info`` answers the same). Data is read defensively: a queue whose
 entries cannot be read (a malformed job at the head of a ready list, a name that is not
 a queue name) is flagged in its row with the problem, and every other queue and worker
@@ -18,9 +18,9 @@ from typing import Any
 
 import redis
 
-from .. import exitcodes
-from ..flow_view import WAITING_SHOWN
-from ..overview import snapshot
+from ..flow.view import WAITING_SHOWN
+from ..ops.overview import snapshot
+from ..worker import exitcodes
 from ..worker.registry import STALE_AFTER_S
 from .common import (
     Target,

@@ -11,7 +11,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
-from .. import exitcodes
+from ..worker import exitcodes
 from .common import add_common, app_and, dumps, guarded, out, target, usage
 from .common import text as show
 

@@ -1,5 +1,5 @@
 """``batchq limit set|list|rm``: the flow-control limits of a queue from the shell
-(``Queue.limit``, ``Queue.limits``, ``Queue.remove_limit``; see ``batchq/limits.py``).
+(``Queue.limit``, ``Queue.limits``, ``Queue.remove_limit``; see ``batchq/flow/limits.py``).
 
 Limits live in Redis: a change applies on every worker's next fetch, no redeploy.
 ``set`` replaces the limit of the queue (no ``--group``), of one group, or of every
@@ -16,10 +16,19 @@ import argparse
 import sys
 from typing import Any, NoReturn
 
-from .. import exitcodes, flow_view
-from ..keys import queues_key
-from ..limits import DEFAULT_GROUP, MAX_COUNT, MAX_RATE, MAX_WEIGHT, QUEUE_FIELD, Limit, check_group
-from ..queue import Queue
+from ..flow import view as flow_view
+from ..flow.limits import (
+    DEFAULT_GROUP,
+    MAX_COUNT,
+    MAX_RATE,
+    MAX_WEIGHT,
+    QUEUE_FIELD,
+    Limit,
+    check_group,
+)
+from ..ops.queue import Queue
+from ..store.keys import queues_key
+from ..worker import exitcodes
 from . import limit_window
 from .audit import audited
 from .common import (

@@ -1,5 +1,5 @@
 """``batchq limit window|window-rm``: the send windows (quiet hours) of a queue or of
-its groups (``Queue.window``, ``Queue.remove_window``; ``batchq/windows.py``), and the
+its groups (``Queue.window``, ``Queue.remove_window``; ``batchq/flow/windows.py``), and the
 calendar quotas and windows that ``batchq limit list`` prints.
 
 A window applies on every worker's next fetch, to the jobs already queued too. A bad
@@ -13,9 +13,10 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from .. import exitcodes, windows
-from ..limits import Limit
-from ..queue import Queue
+from ..flow import windows
+from ..flow.limits import Limit
+from ..ops.queue import Queue
+from ..worker import exitcodes
 from .audit import audited
 from .common import Target, dumps, duration, guarded, out, table, usage
 from .common import text as show

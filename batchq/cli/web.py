@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .. import exitcodes
-from ..web_settings import HOST, PORT, REFRESH_MAX_S, REFRESH_MIN_S, REFRESH_S, WebSettings
+from ..web.settings import HOST, PORT, REFRESH_MAX_S, REFRESH_MIN_S, REFRESH_S, WebSettings
+from ..worker import exitcodes
 from .common import Fail, add_common, guarded, target, usage
 from .flags import opt, port, seconds_between
 
@@ -39,7 +39,7 @@ def cmd_web(args: argparse.Namespace) -> int:
     check_web(web)
     t = target(args)
     t.app.redis.ping()  # unreachable: exit 4 (``guarded``) before listening
-    from ..logs import setup_logging
+    from ..ops.logs import setup_logging
     from ..web import serve
 
     setup_logging("INFO", "plain", "web")

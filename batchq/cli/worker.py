@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from ..app import App
-from ..exitcodes import EXIT_IMPORT, EXIT_OK, EXIT_RECYCLED, EXIT_REDIS, EXIT_USAGE
-from ..loading import AppImportError, load_app
-from ..web_settings import HOST, PORT, WebSettings
+from ..tasks.app import App
+from ..tasks.loading import AppImportError, load_app
+from ..web.settings import HOST, PORT, WebSettings
+from ..worker.exitcodes import EXIT_IMPORT, EXIT_OK, EXIT_RECYCLED, EXIT_REDIS, EXIT_USAGE
 from ..worker.state import CHUNK, GC_THRESHOLD, MAX_CONCURRENCY
 from .common import Fail
 from .flags import (
@@ -131,9 +131,9 @@ def add_commands(sub: Any) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from ..connection import RedisSettings
-    from ..health import check
-    from ..logs import setup_logging
+    from ..ops.health import check
+    from ..ops.logs import setup_logging
+    from ..store.connection import RedisSettings
     from ..worker import WorkerSettings, run_worker
 
     try:
@@ -202,7 +202,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return EXIT_REDIS
     if not health.ok or health.eviction_policy is None:
         log.warning("%s", health.reason)
-    from ..replicas import check_start
+    from ..store.replicas import check_start
 
     too_few = check_start(app.redis_settings, app.clients.durability)
     if too_few:
@@ -216,8 +216,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         _warn_paused(app, queues or tuple(app.queues()))
     if not args.processes:
         if args.metrics_port and not args.no_metrics:
-            from ..metrics_http import serve_in_thread
-            from ..supervisor_metrics import app_collectors
+            from ..ops.metrics_http import serve_in_thread
+            from ..worker.supervisor_metrics import app_collectors
 
             serve_in_thread(app, args.metrics_addr, args.metrics_port, app_collectors(app))
         console = _start_console(app, web) if web is not None else None
@@ -230,7 +230,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         finally:
             if console is not None:
                 console.stop()
-    from ..supervisor import Supervisor, SupervisorSettings
+    from ..worker.supervisor import Supervisor, SupervisorSettings
 
     sup = Supervisor(
         app,

@@ -39,9 +39,9 @@ from typing import IO, Any
 import redis
 
 from .. import App, Campaign, QueueStats, Worker, WorkerSettings
-from ..connection import redact
-from ..producer import CHUNK, WINDOW
-from ..tracked import check_campaign_id
+from ..produce.producer import CHUNK, WINDOW
+from ..produce.tracked import check_campaign_id
+from ..store.connection import redact
 from .server import EmbeddedServer
 
 NAMESPACE_ENV = "BATCHQ_DEMO_NAMESPACE"

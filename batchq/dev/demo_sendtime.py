@@ -36,7 +36,7 @@ from zoneinfo import ZoneInfo
 import redis
 
 from .. import App, Worker, WorkerSettings
-from ..connection import redact
+from ..store.connection import redact
 from .mockprovider import MockProvider, send
 from .server import EmbeddedServer
 

@@ -1,6 +1,6 @@
 """A minimal mock SMS provider for ``demo_sendtime``: standard library only, on loopback.
 
-The same protocol as the fan-out benchmark's provider (``bench/mockprovider.py``, which
+The same protocol as the fan-out benchmark's provider (``bench/apps/mockprovider.py``, which
 the runtime package does not ship), reduced to what the demo needs: ``POST
 /send?sender=S&id=N`` answers 200 (accepted, counted per sender and id) after
 ``latency_s``, or 503 while the provider is ``down``. ``send`` is the client side: one

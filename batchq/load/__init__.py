@@ -6,7 +6,7 @@
   profile, the live figures watched for ``--abort-on``;
 * ``report``: the report as JSON, a table, HTML or PNG.
 
-The open-loop schedule and the histogram are ``batchq.loadgen`` (standard library only).
+The open-loop schedule and the histogram are ``batchq.load.schedule`` (standard library only).
 """
 
 from __future__ import annotations

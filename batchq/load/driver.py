@@ -35,12 +35,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..keys import LoadKeys
-from ..loadgen import LoadState, Profile, aopen_loop
-from ..scripts import calls
+from ..store.keys import LoadKeys
+from ..store.scripts import calls
 from .merge import RUN_TTL_S, RunData, Share, decode_hash, window
 from .probe import LOAD_KWARG
 from .profiles import WINDOW_S, AbortRule, describe, from_spec, to_spec
+from .schedule import LoadState, Profile, aopen_loop
 
 __all__ = ["Driver", "RunGone", "calibrate", "new_run_id", "out_of_reach", "peak_rate"]
 
@@ -112,7 +112,7 @@ class Driver:
     async def produce(self, profile: Profile, job_args: list[Any], job_kwargs: dict[str, Any],
                       start_s: float, part: tuple[int, int] = (0, 1)) -> LoadState:
         """Send this producer's part of the schedule, merging its figures every second."""
-        from ..producer import Call
+        from ..produce.producer import Call
 
         st = self.state = self.state or LoadState(rate=profile.mean_rate,
                                                   duration_s=profile.duration_s)
@@ -254,9 +254,9 @@ async def calibrate(task: Any, job_args: list[Any], job_kwargs: dict[str, Any],
     """Jobs per second one producer process sends here: ``task``'s jobs with these
     arguments, sent as fast as possible for ``seconds`` in the run's largest batches, to
     a scratch namespace of the same Redis, deleted afterwards."""
-    from ..app import App
-    from ..keys import queues_key, shards_key
-    from ..producer import Call
+    from ..produce.producer import Call
+    from ..store.keys import queues_key, shards_key
+    from ..tasks.app import App
 
     scratch = App(task.app.redis_url, namespace=f"batchq-calibrate-{secrets.token_hex(4)}")
     scratch.redis_settings = task.app.redis_settings

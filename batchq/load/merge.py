@@ -18,8 +18,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..loadgen import Histogram
-from ..scripts import calls
+from ..store.scripts import calls
+from .schedule import Histogram
 
 __all__ = ["HISTS", "MAX_US", "RUN_TTL_S", "RunData", "Share", "decode_hash"]
 

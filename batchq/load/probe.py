@@ -28,12 +28,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..context import current_job, load_var
-from ..keys import LoadKeys, load_keys
+from ..store.keys import LoadKeys, load_keys
+from ..tasks.context import current_job, load_var
 
 if TYPE_CHECKING:
-    from ..codec import Job
-    from ..scripts import AsyncScripts
+    from ..store.codec import Job
+    from ..store.scripts import AsyncScripts
     from .merge import Share
 
 __all__ = ["LOAD_KWARG", "CurrentJob", "Probe", "current_job"]

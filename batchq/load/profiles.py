@@ -19,7 +19,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from ..loadgen import Histogram, Profile
+from .schedule import Histogram, Profile
 
 __all__ = ["AbortRule", "describe", "from_spec", "parse_abort", "parse_ramp", "parse_steps",
            "to_spec"]

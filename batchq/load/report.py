@@ -18,8 +18,8 @@ import html
 from pathlib import Path
 from typing import Any
 
-from ..loadgen import Histogram, Profile
 from .merge import RunData
+from .schedule import Histogram, Profile
 
 __all__ = ["bottlenecks", "build", "incomplete", "render", "status", "write_html",
            "write_png"]

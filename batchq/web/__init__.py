@@ -9,8 +9,8 @@ JSON; every action recorded in the audit log, ``act``), ``operate`` (campaigns,
 customers and limits, one job, the audit log) over ``campaigns``, ``groups`` and
 ``jobs``, ``deadletters`` (paged, searched and chunked dead-letter work), ``rates``
 (jobs/s from the scripts' counters, sampled in the background), ``server`` (uvicorn in a
-thread); the data itself comes from :mod:`batchq.overview`, :mod:`batchq.campaign`,
-:mod:`batchq.flow_view` and :mod:`batchq.results`. ``batchq web`` (or ``python -m
+thread); the data itself comes from :mod:`batchq.ops.overview`, :mod:`batchq.produce.campaign`,
+:mod:`batchq.flow.view` and :mod:`batchq.tasks.results`. ``batchq web`` (or ``python -m
 batchq.web``) runs it. The package imports its modules on first use, so its
 ``settings`` need no extra.
 """

@@ -11,14 +11,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 if TYPE_CHECKING:
-    from ..app import App
-    from ..queue import Queue
+    from ..ops.queue import Queue
+    from ..tasks.app import App
     from .rates import RateTracker
 
 
 @dataclass
 class Act:
-    """``who`` took it, ``action`` (a name of ``batchq.audit.ACTIONS``), the parsed
+    """``who`` took it, ``action`` (a name of ``batchq.ops.audit.ACTIONS``), the parsed
     ``body``; the action sets ``target`` and ``detail`` (what was set) as soon as it
     knows them, so a refused action is recorded with them too."""
 

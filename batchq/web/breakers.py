@@ -1,4 +1,4 @@
-"""The console's circuit breakers page: each breaker the app declares (``batchq.breaker``)
+"""The console's circuit breakers page: each breaker the app declares (``batchq.flow.breaker``)
 with its state in Redis, its trips and the jobs its tasks re-routed, and an operator's
 open or close (CSRF-protected and audited like every action).
 
@@ -15,12 +15,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..breaker import Breaker, states
+from ..flow.breaker import Breaker, states
 from . import params
 from .params import BadRequest
 
 if TYPE_CHECKING:
-    from ..app import App
+    from ..tasks.app import App
     from .act import Act, ConsoleLike
 
 PAGES = {"/breakers": "breakers"}

@@ -1,6 +1,6 @@
 """Campaigns for the console: the list with progress, rate and ETA, one campaign with
 its queues and the groups on them, and cancel. The counts are ``batchq campaign``'s
-(``batchq.campaign.stats`` / ``list_stats``: exact, one script call per queue).
+(``batchq.produce.campaign.stats`` / ``list_stats``: exact, one script call per queue).
 
 Rate and ETA are there from the first look: the rate is the campaign's jobs finished per
 second over the last minute when this console has looked at it before (its samples, in
@@ -13,13 +13,13 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from .. import campaign as campaigns
-from ..campaign import CampaignStats
-from ..scripts import calls
+from ..produce import campaign as campaigns
+from ..produce.campaign import CampaignStats
+from ..store.scripts import calls
 from .rates import RateTracker
 
 if TYPE_CHECKING:
-    from ..app import App
+    from ..tasks.app import App
 
 LIST_MAX = 200
 GROUPS_PER_QUEUE = 10

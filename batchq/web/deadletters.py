@@ -9,8 +9,8 @@ A queue may hold 100,000 dead jobs or more, so nothing here loads them all:
   of ``CHUNK`` (each one short script call or transaction, so Redis is never pinned:
   bull#2357), and report what remains; the page repeats the request until nothing does.
 
-The moves themselves are :meth:`batchq.queue.Queue.retry_dead` (``redrive.lua``) and
-:meth:`~batchq.queue.Queue.purge_dead`.
+The moves themselves are :meth:`batchq.ops.queue.Queue.retry_dead` (``redrive.lua``) and
+:meth:`~batchq.ops.queue.Queue.purge_dead`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..app import App
-    from ..queue import DeadJob, Queue
+    from ..ops.queue import DeadJob, Queue
+    from ..tasks.app import App
 
 CHUNK = 500
 SEARCH_SCAN = 5_000

@@ -1,4 +1,4 @@
-"""The console's live feed of job events (``batchq.events``): one page, ``/events``,
+"""The console's live feed of job events (``batchq.ops.events``): one page, ``/events``,
 that polls the JSON API below and appends what is new, as text.
 
 GET /api/events?queue=Q[&queue=Q2][&since=<JSON {queue: id}>][&limit=N]
@@ -16,12 +16,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .. import events as events_
-from ..keys import check_queue_name
+from ..ops import events as events_
+from ..store.keys import check_queue_name
 from .params import BadRequest
 
 if TYPE_CHECKING:
-    from ..app import App
+    from ..tasks.app import App
     from .act import ConsoleLike
 
 PAGES = {"/events": "events"}

@@ -2,7 +2,7 @@
 the actions on them (set and remove a limit, hold and release a group or the queue).
 
 The read is bounded whatever the producers do, and reuses what ``batchq info`` and
-``batchq limit list`` read (``batchq.flow_view``, ``Queue.groups``): the queue's own
+``batchq limit list`` read (``batchq.flow.view``, ``Queue.groups``): the queue's own
 limit, ``"*"`` and up to ``flow_view.LIMITS_SHOWN`` group limits with their use, up to
 ``GROUPS_SHOWN`` groups with ready jobs (in the rotation first, then those that wait),
 and per group shown one more pipelined round trip: its ready jobs (a ``ZLEXCOUNT`` of
@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .. import flow_view
-from ..limits import DEFAULT_GROUP, Limit, group_hex
+from ..flow import view as flow_view
+from ..flow.limits import DEFAULT_GROUP, Limit, group_hex
 from .params import BadRequest
 
 if TYPE_CHECKING:
-    from ..app import App
-    from ..queue import Queue
+    from ..ops.queue import Queue
+    from ..tasks.app import App
 
 GROUPS_SHOWN = 100
 """Groups with ready jobs listed per queue at most (the longest rotation first)."""

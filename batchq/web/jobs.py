@@ -1,7 +1,7 @@
 """One job by its id, for the console's "Find a job" page: where it is, and everything
 Redis still knows of it, read the way ``App.job_status`` reads it.
 
-The id leads to its queue (``batchq.results``: the queue reference at its start), one
+The id leads to its queue (``batchq.tasks.results``: the queue reference at its start), one
 ``status.lua`` call says where the job is (and hands back its result or dead record),
 and one pipelined round trip reads what the other keys keep of it: its entry while it
 is delayed (the pending index) or running (inflight), its campaign while it is not
@@ -15,15 +15,16 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from .. import codec, results
-from ..jobinfo import progress_queue, progress_record
-from ..keys import split_shard
-from ..limits import group_name, group_of
+from ..flow.limits import group_name, group_of
+from ..ops.jobinfo import progress_queue, progress_record
+from ..store import codec
+from ..store.keys import split_shard
+from ..tasks import results
 from . import deadletters
 
 if TYPE_CHECKING:
-    from ..app import App
-    from ..keys import QueueKeys
+    from ..store.keys import QueueKeys
+    from ..tasks.app import App
 
 
 def _iso(ms: float | None) -> str | None:

@@ -28,13 +28,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .. import audit
-from ..limits import DEFAULT_GROUP, MAX_HOLD_S, check_group
+from ..flow.limits import DEFAULT_GROUP, MAX_HOLD_S, check_group
+from ..ops import audit
 from . import campaigns, groups, jobs, params
 from .params import BadRequest
 
 if TYPE_CHECKING:
-    from ..queue import Queue
+    from ..ops.queue import Queue
     from .act import Act, ConsoleLike
 
 PAGES = {"/campaigns": "campaigns", "/campaign": "campaign", "/groups": "groups",
@@ -47,7 +47,7 @@ _STREAM_ID = re.compile(r"[0-9]{1,15}-[0-9]{1,19}")
 
 
 def _campaign_id(raw: str) -> str:
-    from ..tracked import check_campaign_id
+    from ..produce.tracked import check_campaign_id
 
     return check_campaign_id(raw)
 

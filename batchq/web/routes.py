@@ -15,7 +15,7 @@ GET  /api/periodic                   periodic tasks, last and next run
 
 and the operator's pages of :mod:`batchq.web.operate` (campaigns, customers and limits,
 one job, the audit log). Every parameter is checked by :mod:`batchq.web.params` (a bad
-one: a 400 naming it); every action is recorded in the audit log (``batchq.audit``:
+one: a 400 naming it); every action is recorded in the audit log (``batchq.ops.audit``:
 who, what, on what, and how it ended).
 
 Redis work runs in Starlette's thread pool on the app's synchronous client. An answer
@@ -42,20 +42,20 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from .. import audit, overview
-from ..connection import redact
-from ..errors import CampaignNotFound
-from ..web_settings import REFRESH_MAX_S, REFRESH_MIN_S, REFRESH_S
+from ..ops import audit, overview
+from ..store.connection import redact
+from ..tasks.errors import CampaignNotFound
 from . import breakers, deadletters, operate, params
 from . import events as web_events
 from .act import Act
 from .params import MAX_BODY_BYTES, MAX_OFFSET, BadRequest
 from .rates import MAX_SAMPLED, RateTracker, Sampler
 from .security import COOKIE, USER_SCOPE, Guard, csrf_value, same_secret, session_value
+from .settings import REFRESH_MAX_S, REFRESH_MIN_S, REFRESH_S
 
 if TYPE_CHECKING:
-    from ..app import App
-    from ..queue import Queue
+    from ..ops.queue import Queue
+    from ..tasks.app import App
 
 log = logging.getLogger("batchq.web")
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from ..connlimit import (
+from ..ops.connlimit import (
     HEADER_TIMEOUT_S,
     KEEP_ALIVE_TIMEOUT_S,
     REFUSAL,
@@ -36,12 +36,12 @@ from ..connlimit import (
     deepen,
     max_connections_from,
 )
-from ..web_settings import HOST, PORT, REFRESH_S
 from .routes import create_app
 from .security import check_bind
+from .settings import HOST, PORT, REFRESH_S
 
 if TYPE_CHECKING:
-    from ..app import App
+    from ..tasks.app import App
 
 log = logging.getLogger("batchq.web")
 

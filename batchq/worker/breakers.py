@@ -1,4 +1,4 @@
-"""The worker's side of circuit breakers (``batchq.breaker``): a job of a task bound to
+"""The worker's side of circuit breakers (``batchq.flow.breaker``): a job of a task bound to
 an open breaker is not run. It goes back to the delayed set, due when the breaker
 half-opens, or, when its task names a fallback, back to the head of its ready list as
 the fallback's job (same id, arguments, campaign, group and dedup key). Either way its
@@ -18,13 +18,13 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..breaker import BreakerOpen, retask
-from ..codec import Job
-from ..scripts import calls
+from ..flow.breaker import BreakerOpen, retask
+from ..store.codec import Job
+from ..store.scripts import calls
 from .state import REDIS_ERRORS, State
 
 if TYPE_CHECKING:
-    from ..task import Task
+    from ..tasks.task import Task
 
 log = logging.getLogger("batchq.worker")
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from .. import campaign
-from ..exitcodes import EXIT_STALLED
+from ..produce import campaign
 from .campaigns import SAFETY_NET_LIMIT
+from .exitcodes import EXIT_STALLED
 from .state import REDIS_ERRORS, State
 
 log = logging.getLogger("batchq.worker")

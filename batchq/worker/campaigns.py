@@ -15,7 +15,7 @@ import contextlib
 import logging
 import random
 
-from .. import campaign
+from ..produce import campaign
 from .state import State
 
 log = logging.getLogger("batchq.worker")

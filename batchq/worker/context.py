@@ -1,4 +1,4 @@
-"""The worker's side of job contexts (``batchq.context``): the ``Owner`` the runners hand
+"""The worker's side of job contexts (``batchq.tasks.context``): the ``Owner`` the runners hand
 to ``current_job()``, and the coalesced progress writes.
 
 A job's progress is one string key under its queue's hash tag, ``T:progress:<id>``
@@ -25,12 +25,12 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..context import PROGRESS_EVERY_S, JobContext
-from ..keys import QueueKeys
+from ..store.keys import QueueKeys
+from ..tasks.context import PROGRESS_EVERY_S, JobContext
 from .state import REDIS_ERRORS
 
 if TYPE_CHECKING:
-    from ..codec import Job
+    from ..store.codec import Job
     from .state import State
 
 log = logging.getLogger("batchq.worker")

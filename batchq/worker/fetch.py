@@ -29,9 +29,9 @@ import logging
 import time
 from typing import Any
 
-from ..keys import QueueKeys
-from ..scripts import arun_pipeline, calls
-from ..scripts.replies import PopReply, decode_pop_reply
+from ..store.keys import QueueKeys
+from ..store.scripts import arun_pipeline, calls
+from ..store.scripts.replies import PopReply, decode_pop_reply
 from .burst import burst_done
 from .fetch_size import ReadAhead, Round, Sizing, behind
 from .intake import Intake

@@ -27,8 +27,8 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from .. import codec
-from ..scripts.replies import PopReply
+from ..store import codec
+from ..store.scripts.replies import PopReply
 from .selection import Selector
 from .state import CHUNK, REDIS_ERRORS, State
 

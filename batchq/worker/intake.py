@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import codec
-from ..codec import Job
-from ..metrics import bump
-from ..scripts.replies import PopReply
+from ..ops.metrics import bump
+from ..store import codec
+from ..store.codec import Job
+from ..store.scripts.replies import PopReply
 from .fetch_size import Sizing
 from .outcomes import Outcomes
 from .state import CHUNK, State

@@ -15,8 +15,8 @@ import asyncio
 import logging
 import time
 
-from ..codec import Job
-from ..scripts import calls
+from ..store.codec import Job
+from ..store.scripts import calls
 from .state import CHUNK, REDIS_ERRORS, State
 
 log = logging.getLogger("batchq.worker")

@@ -28,20 +28,20 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from .. import codec, replicas
-from ..breaker import BreakerOpen
-from ..codec import Job
-from ..durations import MAX_DURATION_S
-from ..errors import DEFAULT_HOLD_S, MIN_HOLD_S, RateLimited, Retry
-from ..keys import QueueKeys
-from ..limits import group_name, group_of
-from ..metrics import bump
-from ..scripts import arun_pipeline, calls
+from ..flow.breaker import BreakerOpen
+from ..flow.limits import group_name, group_of
+from ..ops.metrics import bump
+from ..store import codec, replicas
+from ..store.codec import Job
+from ..store.keys import QueueKeys
+from ..store.scripts import arun_pipeline, calls
+from ..tasks.durations import MAX_DURATION_S
+from ..tasks.errors import DEFAULT_HOLD_S, MIN_HOLD_S, RateLimited, Retry
 from .breakers import Gate
 from .state import CHUNK, REDIS_ERRORS, Buffers, State, backoff_s
 
 if TYPE_CHECKING:
-    from ..task import Task
+    from ..tasks.task import Task
 
 log = logging.getLogger("batchq.worker")
 

@@ -29,8 +29,8 @@ from typing import Any
 
 import redis
 
-from ..keys import worker_info_key, workers_key
-from ..queue import atrim_dead
+from ..ops.queue import atrim_dead
+from ..store.keys import worker_info_key, workers_key
 from .state import REDIS_ERRORS, State
 
 log = logging.getLogger("batchq.worker")

@@ -36,9 +36,9 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..codec import Job
-from ..context import RunnerSlot, job_var, slot_var
 from ..load.probe import LOAD_KWARG, Probe
+from ..store.codec import Job
+from ..tasks.context import RunnerSlot, job_var, slot_var
 from .context import Owner
 from .leases import Leases
 from .outcomes import Outcomes, describe
@@ -48,8 +48,8 @@ from .state import RUN_SAMPLE_MASK, YIELD_EVERY_S, State
 _RUNNING, _DRAINING = Phase.RUNNING, Phase.DRAINING  # module globals: read per job
 
 if TYPE_CHECKING:
-    from ..metrics import JobSeries
-    from ..task import Task
+    from ..ops.metrics import JobSeries
+    from ..tasks.task import Task
 
 log = logging.getLogger("batchq.worker")
 
@@ -113,7 +113,7 @@ class Runners:
         loop = st.loop
         me = asyncio.current_task()
         st.waking -= 1  # made by wake_runners, counted as woken until here
-        # the job context (batchq.context): the runner once, then one set per job
+        # the job context (batchq.tasks.context): the runner once, then one set per job
         slot = RunnerSlot(self.ctx, _now() - _perf())
         slot_var.set(slot)
         # the runner's clock, read once between two items: the end of one is the start of
@@ -271,7 +271,7 @@ class Runners:
         fn = task.fn
         if job.kwargs and LOAD_KWARG in job.kwargs:  # a `batchq bench load` job
             fn = self._load_probe().wrap(job, fn, task.is_async)
-        if st.app.clients.otel is not None:  # traced (batchq.otel): a span around the run
+        if st.app.clients.otel is not None:  # traced (batchq.ops.otel): a span around the run
             fn = st.app.clients.otel.wrap(job, fn, task.is_async)
         if not task.is_async:
             await self._run_sync(task, job, fn, *job.args, **job.kwargs)
@@ -374,7 +374,7 @@ class Runners:
         st = self.st
         task = st.tasks[jobs[0].task]
         fn = task.fn if st.app.clients.otel is None else \
-            st.app.clients.otel.wrap_batch(jobs, task.fn, task.is_async)  # traced (batchq.otel)
+            st.app.clients.otel.wrap_batch(jobs, task.fn, task.is_async)  # traced (batchq.ops.otel)
         timeout = task.config.timeout_s
         try:
             try:

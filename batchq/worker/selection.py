@@ -17,7 +17,7 @@ and ``weights``; ``-q a,b``, ``--order strict``, ``-q a=3,b=1`` on the command l
   only what it could not fill is asked of the next one (one round trip per queue
   visited, in order; a round stops at the first queue that fills its share).
 
-A sharded queue (``batchq/shards.py``) counts as one queue here: its share of a round
+A sharded queue (``batchq/store/shards.py``) counts as one queue here: its share of a round
 (at most ``fetch_batch`` per shard) is split over as few of its shards as can carry it,
 in whole pops of ``fetch_batch`` when the share is larger and the worker serves this
 queue alone (the remainder waits for the next round, so each pop is as large as one

@@ -25,20 +25,20 @@ import redis
 from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import RedisClusterException
 
-from .. import shards
-from ..codec import Job
-from ..durations import check_seconds
-from ..exitcodes import EXIT_OK
-from ..keys import QueueKeys
-from ..lane import AsyncLane, async_lane
-from ..scripts import AsyncScripts
+from ..store import shards
+from ..store.codec import Job
+from ..store.keys import QueueKeys
+from ..store.lane import AsyncLane, async_lane
+from ..store.scripts import AsyncScripts
+from ..tasks.durations import check_seconds
+from .exitcodes import EXIT_OK
 from .phase import MOVES, Phase, PhaseError, StopReason
 from .selection import check_selection
 
 if TYPE_CHECKING:
-    from ..app import App
-    from ..metrics import Recorder
-    from ..task import Task
+    from ..ops.metrics import Recorder
+    from ..tasks.app import App
+    from ..tasks.task import Task
 
 CHUNK = 1000
 """Leases per script call (Lua's unpack limit is about 8000 arguments)."""
@@ -119,7 +119,7 @@ class WorkerSettings:
     ``batchq info`` through the worker registry)."""
     install_signal_handlers: bool = True
     metrics: bool = True
-    """Count jobs for Prometheus (``batchq.metrics``); off saves a little per job."""
+    """Count jobs for Prometheus (``batchq.ops.metrics``); off saves a little per job."""
     heartbeat_path: str | None = None
     """A file whose mtime the loop refreshes every ``heartbeat_interval_s``; the
     supervisor kills a child whose file goes stale (a blocked event loop)."""

@@ -21,8 +21,8 @@ from typing import Any
 
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
-from ..keys import QueueKeys
-from ..scripts import calls
+from ..store.keys import QueueKeys
+from ..store.scripts import calls
 from .state import REDIS_ERRORS, State
 
 log = logging.getLogger("batchq.worker")

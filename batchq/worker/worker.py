@@ -33,10 +33,11 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from .. import periodic, shards
-from ..exitcodes import EXIT_ERROR, EXIT_MEMORY, EXIT_RECYCLED, EXIT_USAGE
-from ..keys import QueueKeys, queues_key, shards_key
+from ..produce import periodic
+from ..store import shards
+from ..store.keys import QueueKeys, queues_key, shards_key
 from .campaigns import FollowUp
+from .exitcodes import EXIT_ERROR, EXIT_MEMORY, EXIT_RECYCLED, EXIT_USAGE
 from .fetch import Fetcher
 from .leases import Leases
 from .memory import MIB, rss_bytes, watch
@@ -47,7 +48,7 @@ from .run import Runners
 from .state import METRICS_EVERY_S, REDIS_ERRORS, STOP_GRACE_S, Counters, State, WorkerSettings
 
 if TYPE_CHECKING:
-    from ..app import App
+    from ..tasks.app import App
 
 log = logging.getLogger("batchq.worker")
 
@@ -132,7 +133,7 @@ class Worker:
         s = self.settings
         await st.open()
         if s.metrics:
-            from ..metrics import Recorder
+            from ..ops.metrics import Recorder
 
             st.m = Recorder()
             st.m.set_concurrency(s.concurrency)
@@ -266,7 +267,7 @@ class Worker:
     async def _metrics_loop(self) -> None:
         """Bucket the runners' raw figures every ``FOLD_EVERY_S``, publish them to
         prometheus_client every ``METRICS_EVERY_S``."""
-        from ..metrics import FOLD_EVERY_S
+        from ..ops.metrics import FOLD_EVERY_S
 
         st = self.state
         loop = asyncio.get_running_loop()

@@ -8,7 +8,7 @@
                                                   open-loop latency jobs; prints the
                                                   send report (JSON) on stdout
 
-The open-loop engine is batchq's own (``batchq/loadgen.py``), loaded by path: it needs
+The open-loop engine is batchq's own (``batchq/load/schedule.py``), loaded by path: it needs
 only the standard library, and the peer's venv has no batchq.
 """
 
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from types import ModuleType
 
-LOADGEN = Path(__file__).resolve().parents[2] / "batchq" / "loadgen.py"
+LOADGEN = Path(__file__).resolve().parents[2] / "batchq" / "load" / "schedule.py"
 
 
 def load_loadgen() -> ModuleType:

@@ -12,7 +12,7 @@ the same server (flushed before every run):
   then with ``--climb`` that rate times ``--climb-factor`` again and again up to
   ``--max-rate``), ``--repeat`` runs of: one warm-up job, then open-loop load for
   ``--duration`` seconds from the system's own client (``bench.peers.driver``, the same
-  ``batchq.loadgen`` schedule); enqueue-to-start and enqueue-to-done are measured from
+  ``batchq.load.schedule`` schedule); enqueue-to-start and enqueue-to-done are measured from
   each job's intended send time, as in the ``latency`` scenario. A rate is sustained
   when most of its runs are; the first rate that is not ends the system's climb (a
   queue that falls behind at one rate does not catch up at a higher one), so each
@@ -38,9 +38,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
+from bench.scenarios.latency import SUSTAINED_SHARE, figures, sustained, wait_for_samples
+
 from .. import harness, record
 from ..harness import Context, Fleet, Row, batchq_worker_argv, wait_for_totals
-from ..latency import SUSTAINED_SHARE, figures, sustained, wait_for_samples
 from . import FLOOR, PEERS, Peer, install_argv
 from .iojob import KINDS
 
@@ -182,7 +183,7 @@ class System:
 
     def fill(self, n: int) -> float:
         if self.peer is None:
-            from ..throughput import fill
+            from bench.scenarios.throughput import fill
 
             if self.job not in self.ctx.app.tasks:
                 from .batchq_app import add_io
@@ -199,13 +200,12 @@ class System:
 
     def load(self, rate: float, duration_s: float) -> dict[str, Any]:
         if self.peer is None:
-            from batchq.loadgen import aopen_loop
-
-            from ..throughput import _run_async
+            from batchq.load.schedule import aopen_loop
+            from bench.scenarios.throughput import _run_async
 
             lat = self.ctx.app.tasks["lat"]
             if self.api == "sync":
-                from batchq.loadgen import open_loop
+                from batchq.load.schedule import open_loop
 
                 def send_sync(intended: list[float], sent_at: float) -> None:
                     # one enqueue per job, as a web app's request handlers send

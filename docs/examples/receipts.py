@@ -15,7 +15,7 @@ import argparse
 import logging
 import sqlite3
 
-from batchq.loading import load_app
+from batchq.tasks.loading import load_app
 
 log = logging.getLogger("receipts")
 

@@ -1,5 +1,5 @@
-"""A batchq app for the job-events tests (tests/integration/test_events.py,
-tests/cluster/test_cluster_events.py, tests/web/test_events_page.py).
+"""A batchq app for the job-events tests (tests/observe/test_events.py,
+tests/observe/test_cluster_events.py, tests/web/test_events_page.py).
 
 Every task runs on queue ``ev`` (``EV_QUEUE``). Handlers that the tests must see ran
 append one JSON line to ``$BATCHQ_TEST_LOG`` (O_APPEND, outside Redis). The module-level

@@ -1,4 +1,4 @@
-"""A traced batchq app for the OpenTelemetry tests (tests/integration/test_otel.py).
+"""A traced batchq app for the OpenTelemetry tests (tests/observe/test_otel.py).
 
 ``build(url, namespace, spans_path)`` makes the app and instruments it with its own
 tracer provider; with a ``spans_path`` every finished span is appended to that file as
@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.export import (
 )
 
 import batchq
-from batchq.otel import instrument
+from batchq.ops.otel import instrument
 
 QUEUE = "otel"
 BATCH_QUEUE = "otel-batch"

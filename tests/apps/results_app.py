@@ -1,5 +1,5 @@
-"""A batchq app for the results / status / cancel tests (tests/integration/test_results.py,
-tests/cluster/test_cluster_results.py).
+"""A batchq app for the results / status / cancel tests (tests/results/test_results.py,
+tests/results/test_cluster_results.py).
 
 Handlers that record runs append ``<token> <pid>`` to ``$BATCHQ_TEST_LOG`` (O_APPEND),
 outside the queue under test. ``build(url, namespace, log_path)`` makes the app in the

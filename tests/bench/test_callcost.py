@@ -1,11 +1,13 @@
-"""``python -m bench.callcost``: real producer processes against a real server; every
+"""``python -m bench.tools.callcost``: real producer processes against a real server; every
 row has its figures, and bad flags exit 2."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench import callcost
+from bench.tools import callcost
+
+pytestmark = pytest.mark.e2e
 
 
 def test_callcost_times_both_apis(redis_url: str, capsys: pytest.CaptureFixture[str]) -> None:

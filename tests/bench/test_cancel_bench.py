@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from bench.__main__ import main
-from bench.cancel import CASES
+from bench.scenarios.cancel import CASES
+
+pytestmark = pytest.mark.e2e
 
 
 def test_cancel_drop_small(redis_url: str, tmp_path: Path,

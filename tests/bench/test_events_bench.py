@@ -1,4 +1,4 @@
-"""``python -m bench.events`` at a small scale, end to end (a real worker): both cases
+"""``python -m bench.tools.events`` at a small scale, end to end (a real worker): both cases
 run, the on/off ratio and the memory per retained event are reported. No time threshold
 is asserted: these runs are far too small to measure anything."""
 
@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.events import main
+from bench.tools.events import main
+
+pytestmark = pytest.mark.e2e
 
 
 def test_events_bench_small(redis_url: str, tmp_path: Path,

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from bench.__main__ import main
-from bench.fanout_drain import CASES
+from bench.scenarios.fanout_drain import CASES
+
+pytestmark = pytest.mark.e2e
 
 FIGURES = ("all-in jobs/s", "÷ plain", "worker CPU µs/job", "Redis CPU µs/job",
            "Redis µs ÷ plain's", "enqueue jobs/s", "enqueue ÷ plain")

@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 
 from bench.__main__ import main
-from bench.flow import max_window
+from bench.scenarios.flow import max_window
+
+pytestmark = pytest.mark.e2e
 
 
 def _run(scenario: str, extra: list[str], redis_url: str, out: Path,

@@ -16,6 +16,8 @@ import pytest
 from bench.__main__ import main
 from bench.peers import PEERS, VENV_ROOT, install_argv
 
+pytestmark = pytest.mark.e2e
+
 CASES = [
     ("enqueue", ["--jobs", "2000", "--producers", "4"]),
     ("drain", ["--jobs", "2000"]),

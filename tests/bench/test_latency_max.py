@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from bench.__main__ import main
-from bench.latency import PROBE_FLOOR, PROBE_STEPS, sustained, sustained_max
+from bench.scenarios.latency import PROBE_FLOOR, PROBE_STEPS, sustained, sustained_max
+
+pytestmark = pytest.mark.e2e
 
 
 def test_bisection_lands_within_its_resolution_below_the_capacity() -> None:

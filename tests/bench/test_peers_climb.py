@@ -17,7 +17,9 @@ import pytest
 from bench.__main__ import main
 from bench.peers import PEERS
 from bench.peers.run import climb, rate_plan, runs_needed
-from bench.plot import curve, points
+from bench.tools.plot import curve, points
+
+pytestmark = pytest.mark.e2e
 
 
 def test_rate_plan_sorts_then_climbs_to_the_cap() -> None:

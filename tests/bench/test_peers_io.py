@@ -17,6 +17,8 @@ from bench.__main__ import main
 from bench.peers import iojob
 from bench.peers.run import best_peer, floor_ratio
 
+pytestmark = pytest.mark.e2e
+
 
 def test_floor_ratio_and_best_peer() -> None:
     assert floor_ratio({"p50": 3.0, "p99": 8.0}, {"p50": 2.0, "p99": 4.0}) == "1.50 / 2.00"
@@ -85,7 +87,7 @@ def test_io_drain_and_the_floor(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 def test_startpath_prints_the_start_against_the_floor(
         redis_url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from bench import startpath
+    from bench.tools import startpath
 
     assert startpath.main(["--rates", "100", "--repeat", "1", "--duration", "1",
                            "--floor", "--redis-url", redis_url]) == 0

@@ -1,11 +1,13 @@
-"""``python -m bench.replicas``: enqueue_many and drain with ``min_replicas`` 0 and 1 in
+"""``python -m bench.tools.replicas``: enqueue_many and drain with ``min_replicas`` 0 and 1 in
 one run (tiny sizes: that it runs and reports both rows, not the figures)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench import replicas
+from bench.tools import replicas
+
+pytestmark = pytest.mark.e2e
 
 
 def test_replicas_bench_reports_both_settings(capsys: pytest.CaptureFixture[str]) -> None:

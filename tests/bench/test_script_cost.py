@@ -1,4 +1,4 @@
-"""``python -m bench.script_cost``: two trees' pop/ack scripts timed on one server (here
+"""``python -m bench.tools.script_cost``: two trees' pop/ack scripts timed on one server (here
 this checkout against itself, tiny sizes)."""
 
 from __future__ import annotations
@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from batchq import scripts
-from bench import script_cost
+from batchq.store import scripts
+from bench.tools import script_cost
+
+pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 

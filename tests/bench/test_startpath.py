@@ -1,11 +1,13 @@
-"""``python -m bench.startpath``: a real worker process and producer at a low rate; the
+"""``python -m bench.tools.startpath``: a real worker process and producer at a low rate; the
 three parts of each job's start add up, and an idle worker is handed every job."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench import startpath
+from bench.tools import startpath
+
+pytestmark = pytest.mark.e2e
 
 
 @pytest.mark.parametrize("api", ["async", "sync"])

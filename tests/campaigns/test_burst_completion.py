@@ -12,20 +12,24 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import pytest
 import redis
+from fixtures.campaigns import *  # noqa: F403
+from fixtures.campaigns import completions, make_app
 from helpers import run_cli
 
 import batchq
 
-from .conftest import completions, make_app
+pytestmark = pytest.mark.integration
 
-MODULE = "campaigns.test_burst_completion:app"
+MODULE = "campaigns.test_burst_completion:worker_app"
 
 
 def __getattr__(name: str) -> Any:
-    """``app`` for the worker subprocess, built from its environment (the tests'
-    Redis and namespace), so a test's app and its worker's share the namespace."""
-    if name == "app":
+    """``worker_app`` for the worker subprocess, built from its environment (the tests'
+    Redis and namespace), so a test's app and its worker's share the namespace (not
+    ``app``: that name is the fixture)."""
+    if name == "worker_app":
         return make_app(os.environ["BATCHQ_REDIS_URL"], os.environ["BATCHQ_TEST_NS"])
     raise AttributeError(name)
 
@@ -72,7 +76,7 @@ def test_burst_worker_completes_a_campaign_nobody_completed_and_runs_its_callbac
     # a seal interrupted before its completion (or a worker whose report was lost): the
     # campaign is closed with nothing pending, and only the safety net completes it
     c = app.campaign("left-over", on_complete=app.tasks["report"])
-    batchq.campaign.close(app.clients, c.id, "seal")
+    batchq.produce.campaign.close(app.clients, c.id, "seal")
     assert not c.stats().done
     _burst(redis_url, namespace, "a,cb")
     assert c.stats().done

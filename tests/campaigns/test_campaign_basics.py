@@ -6,10 +6,12 @@ import asyncio
 
 import pytest
 import redis
+from fixtures.campaigns import *  # noqa: F403
+from fixtures.campaigns import completions
 
 import batchq
 
-from .conftest import completions
+pytestmark = pytest.mark.integration
 
 
 def test_campaign_counts_and_completes_once(app, drain, redis_client: redis.Redis, namespace):
@@ -31,7 +33,7 @@ def test_campaign_counts_and_completes_once(app, drain, redis_client: redis.Redi
     cid, stats = done[0]
     assert cid == "spring" and stats["total"] == 63 and stats["dead"] == 3
     # every way of trying again is harmless
-    assert batchq.campaign.try_complete(app.clients, "spring") is False
+    assert batchq.produce.campaign.try_complete(app.clients, "spring") is False
     c.seal()
     drain("cb")
     assert len(completions(redis_client, namespace)) == 1

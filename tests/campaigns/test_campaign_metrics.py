@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from batchq.campaign import CAMPAIGN_SERIES, CampaignCollector
+import pytest
+from fixtures.campaigns import *  # noqa: F403
+
+from batchq.produce.campaign import CAMPAIGN_SERIES, CampaignCollector
+
+pytestmark = pytest.mark.integration
 
 
 def _samples(app):  # type: ignore[no-untyped-def]
@@ -32,4 +37,4 @@ def test_cardinality_is_bounded(app):
         app.campaign(f"many-{i}")
     jobs, done = _samples(app)
     assert len(done) == CAMPAIGN_SERIES
-    assert len(jobs) == 5 * CAMPAIGN_SERIES
+    assert len(jobs) == 6 * CAMPAIGN_SERIES  # total, pending, succeeded, dead, cancelled, expired

@@ -11,9 +11,12 @@ from typing import Any
 
 import pytest
 import redis
+from fixtures.campaigns import *  # noqa: F403
 
 import batchq
-from batchq.stream import CHUNK
+from batchq.produce.chunks import CHUNK
+
+pytestmark = pytest.mark.integration
 
 
 def key(row: tuple[Any, ...]) -> str:

@@ -4,11 +4,15 @@ cancel settles them in their campaign exactly once."""
 
 from __future__ import annotations
 
+import pytest
 import redis
+from fixtures.campaigns import *  # noqa: F403
 
 import batchq
-from batchq import codec
-from batchq.keys import QueueKeys
+from batchq.store import codec
+from batchq.store.keys import QueueKeys
+
+pytestmark = pytest.mark.integration
 
 
 def test_campaign_job_ids_carry_the_sequence_then_the_mark(app):

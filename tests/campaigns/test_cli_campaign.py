@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+from fixtures.campaigns import *  # noqa: F403
 from helpers import run_cli
+
+pytestmark = pytest.mark.e2e
 
 
 def _cli(redis_url: str, namespace: str, *args: str):  # type: ignore[no-untyped-def]

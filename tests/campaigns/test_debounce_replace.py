@@ -14,11 +14,13 @@ import time
 import msgpack
 import pytest
 import redis
+from fixtures.campaigns import *  # noqa: F403
+from fixtures.campaigns import make_app
 from helpers import wait_until
 
 import batchq
 
-from .conftest import make_app
+pytestmark = pytest.mark.integration
 
 
 def _ran(r: redis.Redis, ns: str) -> list[str]:

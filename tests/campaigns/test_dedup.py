@@ -8,10 +8,12 @@ import time
 
 import pytest
 import redis
+from fixtures.campaigns import *  # noqa: F403
+from fixtures.campaigns import make_app
 
 import batchq
 
-from .conftest import make_app
+pytestmark = pytest.mark.integration
 
 KEYS = 2000
 

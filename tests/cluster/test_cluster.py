@@ -18,18 +18,18 @@ import redis
 import redis.asyncio.cluster
 import redis.asyncio.connection
 import redis.cluster
+from fixtures.cluster import *  # noqa: F403
+from fixtures.cluster import WorkerFactory, node_client, queue_slot, queues_on_nodes, read_runs
 from helpers import run_cli, wait_until
 
 import batchq
-from batchq.connection import RedisSettings, is_cluster_url, packing, plain_url, redact
 from batchq.dev.cluster import EmbeddedCluster
-from batchq.metrics import QueueCollector
-from batchq.scripts import calls, run_pipeline
-from batchq.scripts.replies import decode_pop_reply
+from batchq.ops.metrics import QueueCollector
+from batchq.store.connection import RedisSettings, is_cluster_url, packing, plain_url, redact
+from batchq.store.scripts import calls, run_pipeline
+from batchq.store.scripts.replies import decode_pop_reply
 
-from .conftest import WorkerFactory, node_client, queue_slot, queues_on_nodes, read_runs
-
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.timeout(120)]
 
 # --- clients ------------------------------------------------------------------------------
 

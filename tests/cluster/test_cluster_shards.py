@@ -10,15 +10,15 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from fixtures.cluster import *  # noqa: F403
+from fixtures.cluster import WorkerFactory, queue_slot, read_runs
 from helpers import wait_until
 
 import batchq
 from batchq.dev.cluster import EmbeddedCluster
-from batchq.keys import shard_name
+from batchq.store.keys import shard_name
 
-from .conftest import WorkerFactory, queue_slot, read_runs
-
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.timeout(180)]
 
 SHARDS = 8
 

@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 import redis.cluster
+from fixtures.cluster import *  # noqa: F403
 
 from batchq.dev.cluster import CLUSTER_SLOTS, EmbeddedCluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
 
 def test_slot_ranges_cover_every_slot_once() -> None:

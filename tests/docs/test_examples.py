@@ -28,6 +28,8 @@ from pathlib import Path
 import pytest
 import redis
 
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
 SNIPPET = re.compile(r'^\s*--8<--\s+"([^"]+)"\s*$')

@@ -15,6 +15,8 @@ from .test_examples import DOCS, REPO, expand, pages
 sys.path.insert(0, str(DOCS / "hooks"))
 import cli_reference
 
+pytestmark = pytest.mark.unit
+
 HISTORY = [
     (re.compile(r"(?i)\bissues?\s+#?\d+"), "an issue number"),
     (re.compile(r"(?<![\w/])#\d{1,4}\b"), "an issue number"),

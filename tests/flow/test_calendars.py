@@ -8,10 +8,12 @@ from datetime import UTC, date, datetime
 
 import pytest
 
-from batchq import calendars as c
-from batchq import windows
-from batchq.limits import Limit
-from batchq.options import EnqueueOptions
+from batchq.flow import calendars as c
+from batchq.flow import windows
+from batchq.flow.limits import Limit
+from batchq.produce.options import EnqueueOptions
+
+pytestmark = pytest.mark.unit
 
 NY = c.zone("America/New_York")
 PARIS = c.zone("Europe/Paris")

@@ -7,11 +7,14 @@ import json
 import subprocess
 
 import pytest
+from fixtures.flow import *  # noqa: F403
 from helpers import run_cli
 from workers import worker_env
 
 import batchq
-from batchq.limits import Limit
+from batchq.flow.limits import Limit
+
+pytestmark = pytest.mark.e2e
 
 APP = "apps.flow_app:app"
 
@@ -201,7 +204,7 @@ def test_info_lists_at_most_ten_waiting_groups(app: batchq.App, queue_name: str,
 
 def test_limits_and_groups_written_by_hand_never_crash(app: batchq.App, queue_name: str,
                                                        env: dict[str, str | None]) -> None:
-    from batchq import flow_metrics
+    from batchq.flow import metrics as flow_metrics
 
     q = app.queue(queue_name)
     k = app.keys(queue_name)

@@ -7,10 +7,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from fixtures.flow import *  # noqa: F403
 
 import batchq
 
 from .test_cli_limit import APP, cli, env  # noqa: F401  (the fixture)
+
+pytestmark = pytest.mark.e2e
 
 
 def test_quota_and_window_round_trip(app: batchq.App, queue_name: str,

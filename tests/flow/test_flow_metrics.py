@@ -10,11 +10,12 @@ import urllib.request
 from collections.abc import Callable
 
 import pytest
+from fixtures.flow import *  # noqa: F403
 from helpers import CliProcess, free_port, wait_until
 
 import batchq
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 
 def scrape(port: int) -> str:

@@ -10,13 +10,16 @@ import json
 import time
 
 import pytest
+from fixtures.flow import *  # noqa: F403
 from helpers import run_cli, wait_until
 from prometheus_client.core import CollectorRegistry
 from workers import worker_env
 
 import batchq
-from batchq import overview, stats
-from batchq.metrics import QueueCollector
+from batchq.ops import overview, stats
+from batchq.ops.metrics import QueueCollector
+
+pytestmark = pytest.mark.integration
 
 
 def _gauge(app: batchq.App, name: str, queue: str) -> float:

@@ -6,11 +6,14 @@ from __future__ import annotations
 import time
 
 import pytest
+from fixtures.flow import *  # noqa: F403
+from fixtures.runs import wait_exit
 from helpers import wait_until
-from integration._support import wait_exit
 
 import batchq
-from batchq.limits import Limit, group_hex
+from batchq.flow.limits import Limit, group_hex
+
+pytestmark = pytest.mark.integration
 
 
 def test_a_small_group_is_not_stuck_behind_a_big_one(app, queue_name, start_worker, runs):
@@ -173,8 +176,8 @@ def test_groups_with_campaigns_and_dedup_keys(app, queue_name, start_worker, run
 def test_python_and_lua_agree_on_the_flow_constants():
     from pathlib import Path
 
-    from batchq import limits
+    from batchq.flow import limits
 
-    lib = (Path(limits.__file__).parent / "scripts" / "_lib.lua").read_text()
+    lib = (Path(limits.__file__).parents[1] / "store" / "scripts" / "_lib.lua").read_text()
     assert f"local BLOCKED = {limits.BLOCKED:.0e}".replace("e+", "e") in lib
     assert f"local QUEUE = '{limits.QUEUE_FIELD}'" in lib

@@ -9,11 +9,14 @@ import json
 import subprocess
 
 import pytest
+from fixtures.flow import *  # noqa: F403
 from helpers import run_cli, wait_until
 from workers import worker_env
 
 import batchq
-from batchq.limits import Holds, group_hex
+from batchq.flow.limits import Holds, group_hex
+
+pytestmark = pytest.mark.integration
 
 APP = "apps.flow_app:app"
 

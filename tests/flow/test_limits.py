@@ -8,11 +8,14 @@ import threading
 import time
 
 import pytest
+from fixtures.flow import *  # noqa: F403
+from fixtures.runs import wait_exit
 from helpers import wait_until
-from integration._support import wait_exit
 
 import batchq
-from batchq.limits import group_hex
+from batchq.flow.limits import group_hex
+
+pytestmark = pytest.mark.integration
 
 
 def _max_in_window(starts: list[float], window_s: float = 1.0) -> int:

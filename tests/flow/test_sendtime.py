@@ -12,11 +12,15 @@ import time
 
 import pytest
 import redis
+from fixtures.flow import *  # noqa: F403
 from helpers import wait_until
 
 import batchq
-from batchq import calendars, flow_view, windows
-from batchq.limits import group_hex
+from batchq.flow import calendars, windows
+from batchq.flow import view as flow_view
+from batchq.flow.limits import group_hex
+
+pytestmark = pytest.mark.integration
 
 
 def _server_ms(r: redis.Redis) -> int:
@@ -165,7 +169,7 @@ def test_bad_windows_and_quotas_write_nothing(app, queue_name):
 
 
 def test_window_used_metric_only_for_limits_with_quotas(app, queue_name):
-    from batchq import flow_metrics
+    from batchq.flow import metrics as flow_metrics
 
     q = app.queue(queue_name)
     q.limit(group="acme", max_per_day=100, max_per_minute=10, tz="Europe/Paris")
@@ -176,7 +180,7 @@ def test_window_used_metric_only_for_limits_with_quotas(app, queue_name):
     k = app.keys(queue_name)
     work = app.tasks["work"].options(queue=queue_name)
     work.options(group="acme").enqueue_many([(f"a{i}",) for i in range(15)])
-    from batchq.scripts import calls
+    from batchq.store.scripts import calls
 
     popped = app.clients.sync_scripts.call(calls.pop(k, 100, 60_000, 100))
     assert len(popped) - 11 == 10  # the minute quota cut the pop

@@ -31,7 +31,9 @@ from opslib import (
     metric_names,
 )
 
-from batchq.keys import QueueKeys
+from batchq.store.keys import QueueKeys
+
+pytestmark = pytest.mark.unit
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is needed: pip install -e '.[test]'")
 

@@ -38,7 +38,8 @@ from opslib import (
 )
 
 PROMETHEUS = find_tool("prometheus")
-pytestmark = [pytest.mark.skipif(PROMETHEUS is None, reason="prometheus is not installed"),
+pytestmark = [pytest.mark.e2e,
+              pytest.mark.skipif(PROMETHEUS is None, reason="prometheus is not installed"),
               pytest.mark.timeout(120)]
 
 APP_REF = "tests.apps.metrics_app:app"

@@ -21,7 +21,8 @@ from opslib import (
 )
 
 PROMTOOL = find_tool("promtool")
-pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed")
+pytestmark = [pytest.mark.unit,
+              pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed")]
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:

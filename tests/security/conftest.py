@@ -1,7 +1,7 @@
 """Fixtures for the security tests: an embedded Valkey with an ACL user limited to what
 batchq needs, self-signed certificates (``openssl`` CLI) and a TLS-terminating proxy
 (the embedded Valkey is built without TLS), and worker processes of
-``security.sec_app:app``."""
+``apps.sec_app:app``."""
 
 from __future__ import annotations
 
@@ -12,15 +12,14 @@ from uuid import uuid4
 
 import pytest
 import redis
+from fixtures.acl import acl_setuser_args
+from fixtures.tlsproxy import Certs, TLSProxy, make_certs
 from helpers import CliProcess
 from workers import WorkerProcs, worker_env
 
 from batchq.dev.server import EmbeddedServer
 
-from .acl import acl_setuser_args
-from .tlsproxy import Certs, TLSProxy, make_certs
-
-APP_REF = "security.sec_app:app"
+APP_REF = "apps.sec_app:app"
 
 @dataclass
 class AclServer:
@@ -120,7 +119,7 @@ WorkerFactory = Callable[..., CliProcess]
 
 @pytest.fixture
 def start_worker() -> Iterator[WorkerFactory]:
-    """``start_worker(env, *args, serving=1)``: ``batchq worker security.sec_app:app
+    """``start_worker(env, *args, serving=1)``: ``batchq worker apps.sec_app:app
     *args``; waits until ``serving`` processes serve (``serving=0``: does not wait).
     Any still running at teardown is SIGKILLed."""
     with WorkerProcs(APP_REF) as procs:

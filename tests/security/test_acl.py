@@ -13,16 +13,18 @@ from pathlib import Path
 
 import pytest
 import redis
+from apps.sec_app import build, runs
+from fixtures.acl import acl_setuser_args
 from helpers import free_port, run_cli, wait_until
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 import batchq
-from batchq.scripts.replies import decode_pop_reply
+from batchq.store.scripts.replies import decode_pop_reply
 
-from .acl import acl_setuser_args
 from .conftest import AclServer, WorkerFactory, clean_env
-from .sec_app import build, runs
+
+pytestmark = pytest.mark.integration
 
 
 def test_acl_line_is_what_the_docs_say(acl_server: AclServer) -> None:
@@ -140,7 +142,7 @@ def test_worker_producer_and_cli_as_the_acl_user(acl_server: AclServer, tmp_path
         assert {"started", "succeeded", "retried", "dead"} <= kinds
         lines = tmp_path / "jobs.jsonl"
         lines.write_text('["x1"]\n{"args": ["x2"]}\n')
-        res = run_cli(["enqueue", "security.sec_app:app", "rec", "--from", str(lines)],
+        res = run_cli(["enqueue", "apps.sec_app:app", "rec", "--from", str(lines)],
                       env={**env, **cli_env})
         assert res.returncode == 0, res.stderr
         wait_until(lambda: {"x1", "x2"} <= set(runs(log, "rec")), timeout_s=10)
@@ -162,7 +164,7 @@ def test_worker_producer_and_cli_as_the_acl_user(acl_server: AclServer, tmp_path
 
 def test_locks_and_periodic_ticks_as_the_acl_user(acl_server: AclServer) -> None:
     """The lock scripts and the periodic tick script run as the least-privileged user."""
-    from batchq.periodic import Scheduler
+    from batchq.produce.periodic import Scheduler
 
     app = batchq.App(acl_server.url, namespace=acl_server.namespace)
 
@@ -201,7 +203,7 @@ def test_a_user_without_lmpop_still_pops_every_priority_in_order(
         acl_server: AclServer) -> None:
     """A user set up with the older list (without ``+lmpop``): pop.lua's LMPOP is
     refused (the ACL log says so) and the pop takes the ten lists one by one instead."""
-    from batchq.scripts import SyncScripts, calls
+    from batchq.store.scripts import SyncScripts, calls
 
     ns = acl_server.namespace
     rules = [c for c in acl_setuser_args("old", "oldpass", ns) if c != "+lmpop"]
@@ -228,7 +230,7 @@ def test_a_user_without_lmpop_still_pops_every_priority_in_order(
         for bundle in (False, True):
             res = decode_pop_reply(
                 s.call(calls.pop(k, 2 if not bundle else 5, 30_000, 100, bundle=bundle)))
-            got = [batchq.codec.decode_entry(e, "acl-old-pop").args[0] for e in res.jobs]
+            got = [batchq.store.codec.decode_entry(e, "acl-old-pop").args[0] for e in res.jobs]
             assert got == ([9, 5] if not bundle else [0]), got
         assert q.stats().reserved == 3
     finally:

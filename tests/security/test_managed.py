@@ -20,13 +20,15 @@ from uuid import uuid4
 
 import pytest
 import redis
+from apps.sec_app import build, runs
+from fixtures.acl import acl_setuser_args
 from helpers import free_port, run_cli, wait_until
 
 from batchq.dev.server import EmbeddedServer
 
-from .acl import acl_setuser_args
 from .conftest import WorkerFactory, clean_env
-from .sec_app import build, runs
+
+pytestmark = pytest.mark.integration
 
 
 @dataclass

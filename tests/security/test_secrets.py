@@ -10,12 +10,14 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
+from apps.sec_app import build, runs
 from helpers import free_port, run_cli, wait_until
 
-from batchq.connection import RedisSettings, redact
+from batchq.store.connection import RedisSettings, redact
 
 from .conftest import AclServer, WorkerFactory, clean_env
-from .sec_app import build, runs
+
+pytestmark = pytest.mark.integration
 
 
 def forms(password: str) -> list[str]:

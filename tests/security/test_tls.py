@@ -12,14 +12,16 @@ from uuid import uuid4
 
 import pytest
 import redis
+from apps.sec_app import build, runs
+from fixtures.tlsproxy import Certs, TLSProxy
 from helpers import run_cli, wait_until
 
-from batchq.connection import RedisSettings
 from batchq.dev.server import EmbeddedServer
+from batchq.store.connection import RedisSettings
 
 from .conftest import WorkerFactory, clean_env
-from .sec_app import build, runs
-from .tlsproxy import Certs, TLSProxy
+
+pytestmark = pytest.mark.integration
 
 
 def tls_url(proxy: TLSProxy, ca: Path, **extra: str) -> str:

@@ -1,5 +1,5 @@
 """Fixtures of the web console tests: the console served in this process, worker
-processes of ``web.console_app``, a headless Chromium, and plain HTTP helpers.
+processes of ``apps.console_app``, a headless Chromium, and plain HTTP helpers.
 
 One namespace, one console and one browser per module keep the browser tests fast.
 Chromium is Debian's ``chromium`` with ``/usr/bin/chromedriver`` (``make tools`` installs
@@ -22,15 +22,14 @@ from uuid import uuid4
 
 import pytest
 import redis
+from apps.console_app import build
 from helpers import wait_until
 from workers import WorkerProcs, worker_env
 
 import batchq
 from batchq.web import WebServer, start_in_thread
 
-from .console_app import build
-
-APP_REF = "web.console_app:app"
+APP_REF = "apps.console_app:app"
 CHROMIUM = os.environ.get("BATCHQ_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("BATCHQ_TEST_CHROMEDRIVER", "/usr/bin/chromedriver")
 
@@ -115,7 +114,7 @@ def console(capp: batchq.App) -> Iterator[WebServer]:
 
 @pytest.fixture(scope="module")
 def workers(redis_url: str, web_ns: str) -> Iterator[WorkerProcs]:
-    """Start worker processes of ``web.console_app`` with ``workers.start(...)``."""
+    """Start worker processes of ``apps.console_app`` with ``workers.start(...)``."""
     env = worker_env({"BATCHQ_REDIS_URL": redis_url, "BATCHQ_NAMESPACE": web_ns})
     with WorkerProcs(APP_REF, env) as procs:
         yield procs

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import batchq
-from batchq import limits
+from batchq.flow import limits
 
 NS = "acme"
 CHROMIUM = os.environ.get("BATCHQ_TEST_CHROMIUM", "/usr/bin/chromium")

@@ -24,6 +24,8 @@ from batchq.web import WebServer, deadletters, start_in_thread
 
 from .conftest import APP_REF, csrf_of, http, post_json, wait_dead
 
+pytestmark = pytest.mark.integration
+
 TOKEN = "api-test-token-0123456789abcdef"
 N_DEAD = 230
 
@@ -329,8 +331,8 @@ def test_the_redis_password_never_reaches_the_page() -> None:
 
 def test_100k_dead_jobs_and_50_workers_are_paged_never_loaded_whole(
         redis_url: str) -> None:
-    from batchq import codec
-    from batchq.keys import queues_key, worker_info_key, workers_key
+    from batchq.store import codec
+    from batchq.store.keys import queues_key, worker_info_key, workers_key
 
     app = batchq.App(redis_url, namespace=f"big{uuid4().hex[:8]}")
     r = app.redis

@@ -7,12 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import batchq
-from batchq import audit
+from batchq.ops import audit
 from batchq.web import WebServer
 
 from .conftest import http, post_json
 from .test_browser import click, shot, wait_text
+
+pytestmark = pytest.mark.e2e
 
 
 def test_breakers_page_opens_and_closes_a_breaker(browser: Any, console: WebServer,

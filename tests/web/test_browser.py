@@ -27,6 +27,8 @@ from batchq.web import WebServer, start_in_thread
 
 from .conftest import dead_ids, wait_dead
 
+pytestmark = pytest.mark.e2e
+
 XSS = "<script>alert(1)</script>"
 TOKEN = "a-token-for-the-browser-tests-0123"
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -15,6 +16,8 @@ from batchq.web import WebServer
 
 from .conftest import http
 from .test_browser import click, shot, text
+
+pytestmark = pytest.mark.e2e
 
 
 def _kinds(browser: Any) -> list[str]:

@@ -24,6 +24,8 @@ from batchq.web import WebServer, start_in_thread
 from .test_browser import click, shot, text, wait_text
 from .test_operate import until_text
 
+pytestmark = pytest.mark.e2e
+
 APP_REF = "apps.context_app:app"
 
 

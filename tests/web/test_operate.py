@@ -22,11 +22,13 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 from workers import WorkerProcs
 
 import batchq
-from batchq import audit
+from batchq.ops import audit
 from batchq.web import WebServer, start_in_thread
 
 from .conftest import csrf_of, http, post_json
 from .test_browser import click, shot, text, wait_text
+
+pytestmark = pytest.mark.e2e
 
 TOKEN = "operate-test-token-0123456789"
 NO_RATE = "\u2013"

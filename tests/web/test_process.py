@@ -25,6 +25,8 @@ from batchq.dev.server import EmbeddedServer
 
 from .conftest import APP_REF, Reply, http, wait_answer
 
+pytestmark = pytest.mark.e2e
+
 TOKEN = "process-test-token-0123456789"
 WEB = ["-m", "batchq", "web"]
 """``batchq web``; ``python -m batchq.web`` is ``ALIAS``."""

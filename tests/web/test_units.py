@@ -8,6 +8,8 @@ from batchq.web import InsecureBindError, check_bind, is_loopback
 from batchq.web.rates import KEEP_S, RateTracker
 from batchq.web.security import csrf_value, session_value
 
+pytestmark = pytest.mark.unit
+
 
 def test_rates_over_a_window() -> None:
     r = RateTracker()

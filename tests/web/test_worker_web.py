@@ -16,6 +16,8 @@ import batchq
 
 from .conftest import APP_REF, http, wait_answer
 
+pytestmark = pytest.mark.e2e
+
 APP_QUEUES = {"default", "side", "bulk"}
 
 

@@ -1,4 +1,4 @@
-// batchq web console: the live feed of job events (batchq.events). Loaded after ops.js,
+// batchq web console: the live feed of job events (batchq.ops.events). Loaded after ops.js,
 // before app.js; polls /api/events and appends what is new, every value put on the page
 // as text, never parsed as HTML.
 "use strict";

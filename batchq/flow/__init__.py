@@ -1,0 +1,1 @@
+"""Flow control: limits, their read model and metrics, circuit breakers."""

@@ -1,0 +1,212 @@
+"""The stream of one ``enqueue_many``, without I/O: items encoded into chunks (one script
+call each) and windows (one pipelined round trip each), and the exact count of what Redis
+confirmed. With a sharded queue (``batchq/store/shards.py``) the chunks go to the shards in
+turn, each chunk to one shard, so the batch fast path stays one script call per chunk.
+``producer.py`` holds the I/O shells (sync, asyncio) around it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from ..flow import limits
+from ..tasks.errors import CampaignClosed, EnqueueError, QuotaExceeded
+from . import tracked
+from .options import Call
+from .plan import Plan
+from .tracked import MAX_KEY_BYTES
+
+CHUNK = 1000
+"""Jobs per script call (Lua's unpack limit is about 8000 arguments)."""
+
+WINDOW = 8
+"""Script calls per pipeline round trip in ``enqueue_many``."""
+
+
+_SCALARS = frozenset((int, str, bytes, float))
+
+
+def split(item: Any) -> tuple[Any, Mapping[str, Any]]:
+    t = type(item)
+    if t is tuple or t is list:
+        return item, {}
+    if t in _SCALARS:  # the common one-argument rows, without the Mapping ABC check
+        return (item,), {}
+    if isinstance(item, tuple | list):
+        return item, {}
+    if isinstance(item, Call):
+        return item.args, item.kwargs
+    if isinstance(item, Mapping):
+        return (), item
+    return (item,), {}
+
+
+KeyFn = Callable[[Any], "str | None"]
+
+Chunk = tuple[Plan, list[str], list[bytes]]
+"""One script call: its plan (the shard it goes to), its ids and its entries."""
+
+
+Seqs = Callable[[], "int | None"] | None
+
+
+def _chunks(plans: list[tuple[Plan, Seqs]], items: Iterable[Any], key_fn: KeyFn | None = None
+            ) -> Iterator[Chunk]:
+    """Chunks of encoded jobs; with several plans (the shards of a queue) each chunk
+    goes to the next one in turn."""
+    ids: list[str] = []
+    entries: list[bytes] = []
+    now_ms = int(time.time() * 1000)
+    turn = 0
+    p, seqs = plans[0]
+    entry, check_key, keyed = p.entry, tracked.check_key, p.tracked
+    for n, item in enumerate(items, 1):
+        args, kwargs = split(item)
+        try:
+            jid, e = entry(args, kwargs, now_ms, seqs)
+            if keyed:
+                key = key_fn(item) if key_fn is not None else None
+                if key is None:
+                    entries += (e, b"")
+                elif type(key) is str and key.isascii() and 0 < len(key) <= MAX_KEY_BYTES:
+                    entries += (e, key.encode())  # check_key's fast path, inline
+                else:
+                    entries += (e, check_key(key).encode())
+            else:
+                entries.append(e)
+        except (TypeError, ValueError) as exc:
+            raise _at_item(exc, n - 1) from None
+        ids.append(jid)
+        if len(ids) == CHUNK:
+            yield p, ids, entries
+            ids, entries = [], []
+            if n % (CHUNK * WINDOW) == 0:
+                now_ms = int(time.time() * 1000)
+            if len(plans) > 1:
+                turn = (turn + 1) % len(plans)
+                p, seqs = plans[turn]
+                entry = p.entry
+    if entries:
+        yield p, ids, entries
+
+
+def _at_item(exc: Exception, index: int) -> Exception:
+    """``exc`` again, its message naming the item (the class kept: PayloadTooLarge)."""
+    try:
+        return type(exc)(f"item {index}: {exc}")
+    except TypeError:  # an exception class with another constructor
+        return (TypeError if isinstance(exc, TypeError) else ValueError)(
+            f"item {index}: {exc}")
+
+
+Window = list[Chunk]
+
+
+class Stream:
+    """The bookkeeping of one ``enqueue_many`` (no I/O): windows of chunks, and what
+    Redis confirmed so far, for an exact ``EnqueueError``. ``plans``: the plan of each
+    shard written to, in turn, with its sequence numbers (one plan: no sharding)."""
+
+    def __init__(self, plans: Sequence[tuple[Plan, Callable[[], int | None]]],
+                 key_fn: KeyFn | None = None) -> None:
+        self.p = plans[0][0]
+        self.plans: list[tuple[Plan, Seqs]] = [
+            (p, seqs if p.due is None else None) for p, seqs in plans]
+        self.key_fn = key_fn
+        self.written: list[str] = []
+        self.stored = 0
+        """Jobs of ``written`` this call stored (the others: holders of held keys)."""
+
+    def windows(self, items: Iterable[Any]) -> Iterator[Window]:
+        """Windows of chunks. An item that cannot be encoded (``TypeError``,
+        ``PayloadTooLarge``) stops the stream; the error then carries ``written`` and
+        ``ids`` of the jobs already in Redis, like ``EnqueueError``."""
+        window: Window = []
+        chunks = _chunks(self.plans, items, self.key_fn)
+        while True:
+            try:
+                chunk = next(chunks, None)
+            except (TypeError, ValueError) as exc:
+                exc.written, exc.ids = len(self.written), self.written  # type: ignore[union-attr]
+                raise
+            if chunk is None:
+                break
+            window.append(chunk)
+            if len(window) == WINDOW:
+                yield window
+                window = []
+        if window:
+            yield window
+
+    def steps(self, items: Iterable[Any]) -> Iterator[tuple[Chunk | None, Window]]:
+        """What to send, window by window: ``(single, rest)``. ``single`` (or None) goes
+        through the reconnect-safe single call: the first chunk (it also registers the
+        queue) and a lone last chunk. ``rest`` goes in one pipeline."""
+        for window in self.windows(items):
+            single = window.pop(0) if not self.written or len(window) == 1 else None
+            yield single, window
+
+    def tracked(self, ids: list[str], got: list[str]) -> None:
+        """Record a tracked write: ``got`` is ``ids`` with the rows whose key was held
+        replaced by the holder's id (``tracked.ids_of``)."""
+        self.written.extend(got)
+        self.stored += sum(a == b for a, b in zip(ids, got, strict=True))
+
+    def failed(self, exc: EnqueueError) -> EnqueueError:
+        exc.written, exc.ids = len(self.written), self.written
+        return exc
+
+    def lost(self, window: Window, exc: Exception) -> EnqueueError:
+        unknown = sum(len(ids) for _, ids, _ in window)
+        return EnqueueError(
+            f"connection lost during enqueue_many of {self.p.task}: {len(self.written)} jobs "
+            f"written, {unknown} unknown: {exc}",
+            written=len(self.written), ids=self.written, unknown=unknown)
+
+    def record(self, window: Window, results: list[Any],
+               closed: Mapping[str, CampaignClosed] | None = None) -> None:
+        """Count what a pipelined window wrote; an error result raises ``EnqueueError``.
+        ``closed``: queues whose campaign was closed before the window was sent
+        (``tracked.join``): a refusal there raises that ``CampaignClosed`` itself."""
+        first_error: BaseException | None = None
+        quota = False
+        for (cp, ids, _), res in zip(window, results, strict=True):
+            if isinstance(res, BaseException):
+                first_error = first_error or res
+            elif self.p.group and res == -2:
+                quota = True  # this chunk was not written (a smaller later one may be)
+            elif self.p.tracked:
+                shut = (closed or {}).get(cp.keys.queue)
+                try:
+                    self.tracked(ids, tracked.ids_of(self.p.campaign, ids, res, shut))
+                except (CampaignClosed, tracked.NotJoined) as exc:
+                    if first_error is None and isinstance(exc, CampaignClosed) \
+                            and not self.stored:
+                        raise  # nothing of the call was written (a run again, refused)
+                    first_error = first_error or exc
+            else:
+                self.written.extend(ids)
+        if first_error is None and quota:
+            quota_checked(self.p, -2, self.written)
+        if first_error is not None:
+            raise EnqueueError(
+                f"enqueue_many of {self.p.task} failed after writing {len(self.written)} "
+                f"jobs: {first_error}", written=len(self.written), ids=self.written,
+            ) from first_error
+
+
+
+def quota_checked(p: Plan, res: Any, written: list[str] | None = None) -> Any:
+    """``res`` of a write; ``QuotaExceeded`` when enqueue_group.lua refused it (-2)."""
+    if p.group and res == -2:
+        group = limits.group_name(p.group)
+        done = written or []
+        raise QuotaExceeded(
+            p.keys.queue, group,
+            f"cannot enqueue {p.task}: group {group!r} of queue {p.keys.queue!r} would go "
+            f"past its max_pending (Queue.limit); nothing of this write was stored"
+            + (f" ({len(done)} jobs of this enqueue_many were, before it)" if done else ""),
+            written=len(done), ids=done)
+    return res

@@ -1,0 +1,1 @@
+"""What user code defines and calls: App, Task, current_job, errors, locks, results."""

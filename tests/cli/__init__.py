@@ -1,0 +1,2 @@
+"""The ``batchq`` command: arguments, help, operator commands, audit, demo, hostile
+flags."""

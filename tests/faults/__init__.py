@@ -1,1 +1,0 @@
-"""Fault-injection tests: at-least-once delivery under crashes, outages and limits."""

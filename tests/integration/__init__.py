@@ -1,1 +1,0 @@
-"""Integration tests: real worker processes against a real Redis/Valkey."""

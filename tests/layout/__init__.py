@@ -1,0 +1,1 @@
+"""Static rules of the source: package layout, Lua script headers."""

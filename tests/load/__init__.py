@@ -1,0 +1,1 @@
+"""Load testing: ``batchq bench load``, its schedule and histogram."""

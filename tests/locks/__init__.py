@@ -1,0 +1,1 @@
+"""app.lock and its scripts."""

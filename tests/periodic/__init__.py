@@ -1,0 +1,1 @@
+"""Periodic jobs: schedules, the tick script, the scheduler and its takeover."""

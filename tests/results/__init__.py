@@ -1,0 +1,1 @@
+"""Results, status and cancel."""

@@ -1,0 +1,1 @@
+"""The suite's own tools: the session reaper, the delivery checker, the fault proxy."""
