@@ -206,3 +206,19 @@ def drop_namespace(r: Any, namespace: str) -> None:
     keys = list(r.scan_iter(match=f"{namespace}*", count=1000))
     for i in range(0, len(keys), 500):
         r.delete(*keys[i : i + 500])
+
+
+def script_calls(r: Any) -> int:
+    """Script calls the server has served: ``FCALL`` (functions) and ``EVALSHA`` (a server
+    without them, a cluster), rejected ones included (``INFO commandstats``)."""
+    stats = r.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0))
+               + int(stats.get(f"cmdstat_{c}", {}).get("rejected_calls", 0))
+               for c in ("evalsha", "fcall"))
+
+
+def forget_scripts(r: Any) -> None:
+    """What a restarted server without persistence knows of batchq's scripts: nothing
+    (``SCRIPT FLUSH`` and ``FUNCTION FLUSH``)."""
+    r.script_flush()
+    r.function_flush()

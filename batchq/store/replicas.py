@@ -21,13 +21,13 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import redis
 import redis.asyncio
-from redis.exceptions import NoScriptError
 
 from .connection import RedisSettings, redact
+from .scripts import _Lua, load_async, load_sync
 
 log = logging.getLogger("batchq.replicas")
 
@@ -37,20 +37,11 @@ SHORT_LOG_S = 10.0
 _short_logged = [-SHORT_LOG_S]
 
 MAX_ROUNDS = 3
-"""Pipelines one replicated write takes at most (NOSCRIPT after a failover or a restart
-costs one more; a second NOSCRIPT right after the load would be a third failover)."""
+"""Pipelines one replicated write takes at most (a script missing after a failover or a
+restart costs one more; missing again right after the load would be a third failover)."""
 
 
-class _Script(Protocol):
-    name: str
-
-    @property
-    def source(self) -> str: ...
-
-    def command(self, keys: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]: ...
-
-
-Item = tuple[_Script, Sequence[Any], Sequence[Any]]
+Item = tuple[_Lua, Sequence[Any], Sequence[Any]]
 """One script call: the script (``scripts.SyncScript`` / ``AsyncScript``), keys, args."""
 
 
@@ -100,11 +91,12 @@ def _acked(reply: Any, d: Durability) -> int:
     return int(reply)
 
 
-def _round(todo: list[int], out: list[Any], d: Durability) -> tuple[list[int], int]:
+def _round(items: Sequence[Item], todo: list[int], out: list[Any], d: Durability
+           ) -> tuple[list[int], int]:
     """Record one round's replies in ``out``; (calls to run again, replicas acked)."""
     acked = _acked(out[-1], d)
-    return [i for i, r in zip(todo, out[:-1], strict=True) if isinstance(r, NoScriptError)
-            ], acked
+    return [i for i, r in zip(todo, out[:-1], strict=True)
+            if isinstance(r, redis.ResponseError) and items[i][0].missed(r)], acked
 
 
 def run_sync(client: redis.Redis, items: Sequence[Item], d: Durability
@@ -118,16 +110,16 @@ def run_sync(client: redis.Redis, items: Sequence[Item], d: Durability
         pipe: Any = client.pipeline(transaction=False)
         for i in todo:
             script, keys, args = items[i]
-            pipe.execute_command("EVALSHA", *script.command(keys, args))
+            pipe.execute_command(*script.command(keys, args))
         pipe.execute_command(*d.command)
         out = pipe.execute(raise_on_error=False)
         for i, r in zip(todo, out, strict=False):
             results[i] = r
-        todo, acked = _round(todo, out, d)
+        todo, acked = _round(items, todo, out, d)
         if not todo:
             break
         for script in {items[i][0].name: items[i][0] for i in todo}.values():
-            client.script_load(script.source)
+            load_sync(client, script)
     return results, acked
 
 
@@ -141,16 +133,16 @@ async def run_async(client: redis.asyncio.Redis, items: Sequence[Item], d: Durab
         pipe: Any = client.pipeline(transaction=False)
         for i in todo:
             script, keys, args = items[i]
-            pipe.execute_command("EVALSHA", *script.command(keys, args))
+            pipe.execute_command(*script.command(keys, args))
         pipe.execute_command(*d.command)
         out = await pipe.execute(raise_on_error=False)
         for i, r in zip(todo, out, strict=False):
             results[i] = r
-        todo, acked = _round(todo, out, d)
+        todo, acked = _round(items, todo, out, d)
         if not todo:
             break
         for script in {items[i][0].name: items[i][0] for i in todo}.values():
-            await client.script_load(script.source)
+            await load_async(client, script)
     return results, acked
 
 

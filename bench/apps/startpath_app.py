@@ -96,7 +96,7 @@ def _produce_sync(rate: float, duration_s: float) -> list[float]:
 def _script_usec() -> int:
     """The server's time in ``EVALSHA`` so far (µs; ``INFO commandstats``)."""
     stats: dict[str, dict[str, int]] = app.redis.info("commandstats")  # type: ignore[assignment]
-    return stats.get("cmdstat_evalsha", {}).get("usec", 0)
+    return sum(stats.get(f"cmdstat_{c}", {}).get("usec", 0) for c in ("evalsha", "fcall"))
 
 
 def call_costs(api: str, n: int, idle_n: int, sleep_ms: float) -> dict[str, float]:

@@ -8,7 +8,7 @@ Beside it, the first-entry-to-last-exit figure of the same run (the handlers' ow
 clocks, as in ``drain``), and the worker process's own CPU time per job (``wait4``
 rusage): on a shared machine the wall-clock figures move with the neighbours' load, the
 CPU time much less, and the server's time in the worker's scripts per job (pop, ack and
-the rest: ``INFO commandstats`` evalsha usec over the run, reset after the fill; a
+the rest: ``INFO commandstats`` evalsha/fcall usec over the run, reset after the fill; a
 command a script calls is counted inside the script's time), with the ceiling it sets
 on one queue (1 s ÷ that, since Redis runs scripts on one core). Cases: the async no-op
 with metrics on (the default) and with ``--no-metrics``, the batch no-op
@@ -106,7 +106,7 @@ def run_once(ctx: Context, tree: Path, task: str, jobs: int, extra: tuple[str, .
         raise RuntimeError(f"handlers reported {got} of {n} jobs; queue {st}\n{tail}")
     stats = ctx.client.info("commandstats")
     script_us = sum(int(v["usec"]) for name, v in stats.items()
-                    if name.removeprefix("cmdstat_") in ("evalsha", "eval"))
+                    if name.removeprefix("cmdstat_") in ("evalsha", "eval", "fcall"))
     out: dict[str, Any] = {"tree": str(tree), "task": task, "jobs": n, "flags": list(extra),
                            "wall_s": wall, "worker_cpu_s": cpu}
     if n:

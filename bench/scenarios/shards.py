@@ -58,7 +58,7 @@ def _node_figures(clients: list[redis.Redis]) -> list[tuple[float, float, float,
         for k, v in stats.items():
             if not isinstance(v, dict) or k == "cmdstat_info":
                 continue
-            if k in ("cmdstat_evalsha", "cmdstat_eval"):
+            if k in ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_fcall"):
                 usec += float(v.get("usec", 0))
                 calls += float(v.get("calls", 0))
             else:

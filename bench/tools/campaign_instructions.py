@@ -31,7 +31,10 @@ _ONE = """
 import glob, os, re, subprocess, sys, time, uuid
 from bench.apps import make_app
 from bench.harness import batchq_worker_argv
-from bench.scenarios.throughput import _items
+try:
+    from bench.scenarios.throughput import _items
+except ImportError:  # a tree from before bench/ was grouped
+    from bench.throughput import _items
 url, n, pid, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 
 def counted():

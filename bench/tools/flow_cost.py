@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 from batchq.store.scripts import calls, source
@@ -43,18 +44,30 @@ def _server_usec(ctx: Context) -> int:
     return sum(int(v["usec"]) for v in ctx.client.info("commandstats").values())
 
 
+def loaded(r: Any, text: str) -> Callable[..., Any]:
+    """Load a script's ``text`` and return its caller ``(keys, args)``: a function library
+    (``#!lua name=...``, a tree that calls its scripts as functions) by FUNCTION LOAD and
+    FCALL, else SCRIPT LOAD and EVALSHA."""
+    if text.startswith("#!lua name="):
+        name = text.split("\n", 1)[0].removeprefix("#!lua name=")
+        r.function_load(text, replace=True)
+        return lambda keys, args: r.fcall(name, len(keys), *keys, *args)
+    sha = r.script_load(text)
+    return lambda keys, args: r.evalsha(sha, len(keys), *keys, *args)
+
+
 def once(ctx: Context, jobs: int, groups: int, pop_src: str, ack_src: str,
          batch: int, queue_rate: float | None = None) -> tuple[float, float]:
     fill(ctx, jobs, groups, queue_rate)
     q = ctx.app.queue(QUEUE)
     k = ctx.app.keys(QUEUE)
     r: Any = ctx.client
-    pop_sha, ack_sha = r.script_load(pop_src), r.script_load(ack_src)
+    pop, ack = loaded(r, pop_src), loaded(r, ack_src)
     batches = []
     r.config_resetstat()
     while True:
         c = calls.pop(k, batch, 600_000, 100, bundle=True)
-        res = r.evalsha(pop_sha, len(c.keys), *c.keys, *c.args)
+        res = pop(c.keys, c.args)
         # since 0.5 the reply's 11th item is the bundle, {name, n} or {}; before, the
         # jobs began there (a tree without bundles ignores the flag)
         head = 11 if len(res) > 10 and isinstance(res[10], list) else 10
@@ -72,7 +85,7 @@ def once(ctx: Context, jobs: int, groups: int, pop_src: str, ack_src: str,
     grouped = "<bundle>#<position>" in ack_src
     for leases in batches:
         c = calls.ack(k, leases)
-        r.evalsha(ack_sha, len(c.keys), *c.keys, *(c.args if grouped else leases))
+        ack(c.keys, c.args if grouped else leases)
     ack_us = _server_usec(ctx)
     left = r.zcard(k.reserved) + r.zcard(k.bundles)
     if left:

@@ -4,11 +4,13 @@ time in ``pop.lua`` and ``ack.lua`` per job, for two source trees side by side.
 No workers: ``bench.tools.flow_cost.once`` fills the queue with plain no-op jobs, pops them all
 (100 a call) with one tree's ``pop.lua``, then acks every lease with its ``ack.lua``,
 reading ``INFO commandstats`` (the script calls' own usec: a command a script runs is
-counted inside its time as well as under its own name, so only evalsha is summed) around
+counted inside its time as well as under its own name, so only evalsha/fcall are summed) around
 each phase. The trees alternate in every round on one embedded Valkey; medians are
 printed. Every lease is held until the acks, so the reservation set is as large as the
 run (a worker's stays small): the figures are an upper bound for a drain and mean most
-as a ratio. ``AFTER`` defaults to this checkout.
+as a ratio. ``AFTER`` defaults to this checkout. Each tree's scripts are called its own
+way: as Redis Functions (FCALL) by a tree that loads them so, else by EVALSHA;
+``--evalsha`` calls every tree's by EVALSHA.
 
 ``--handoff``: the server's time in one tree's ``enqueue.lua`` for a one-job enqueue
 that hands its job to a registered idle worker (a registration is added before each
@@ -39,15 +41,20 @@ from bench.tools import flow_cost
 
 
 @functools.cache
-def script_source(tree: Path, name: str) -> str:
+def script_source(tree: Path, name: str, functions: bool = False) -> str:
     """The text ``tree`` sends for script ``name``: from its own ``source`` in
     ``batchq.store.scripts`` (which prepends only the library definitions the script
-    uses)."""
+    uses); with ``functions``, the function library it loads instead, if it has one
+    (``flow_cost.loaded`` tells them apart)."""
+    # by the tree's own files: an editable install of this checkout answers the imports
+    # a tree lacks (``batchq.store.scripts`` for a tree before the packages by stage)
+    staged = (tree / "batchq" / "store" / "scripts").is_dir()
+    fn = functions and "function_library" in (
+        tree / "batchq" / "store" / "scripts" / "__init__.py").read_text(encoding="utf-8") \
+        if staged else False
     code = ("import sys\n"
-            "try:\n    from batchq.store.scripts import source\n"
-            "except ImportError:  # a tree from before the packages by stage\n"
-            "    from batchq.scripts import source\n"
-            "sys.stdout.write(source(sys.argv[1]))")
+            f"from batchq.{'store.' if staged else ''}scripts import _Lua, source\n"
+            f"sys.stdout.write(_Lua(sys.argv[1]).library if {fn} else source(sys.argv[1]))")
     env = {**os.environ, "PYTHONPATH": str(tree)}
     return subprocess.run([sys.executable, "-c", code, name], cwd=tree, env=env, check=True,
                           capture_output=True, text=True).stdout
@@ -56,7 +63,7 @@ def script_source(tree: Path, name: str) -> str:
 def _script_usec(ctx: Context) -> int:
     stats = ctx.client.info("commandstats")
     return sum(int(v["usec"]) for name, v in stats.items()
-               if name.removeprefix("cmdstat_") in ("evalsha", "eval"))
+               if name.removeprefix("cmdstat_") in ("evalsha", "eval", "fcall"))
 
 
 CASES = ("handed off", "nobody registered", "idle pop")
@@ -64,12 +71,12 @@ CASES = ("handed off", "nobody registered", "idle pop")
 nobody registered, and the empty pop by which an idle worker registers again."""
 
 
-def handoff_once(ctx: Context, tree: Path, calls_n: int, sleep_s: float, case: str
-                 ) -> float:
+def handoff_once(ctx: Context, tree: Path, calls_n: int, sleep_s: float, case: str,
+                 functions: bool = True) -> float:
     """µs of server time per call of ``tree``'s script for ``case`` (``CASES``)."""
     r: Any = ctx.client
     pop = case == "idle pop"
-    sha = r.script_load(script_source(tree, "pop" if pop else "enqueue"))
+    run = flow_cost.loaded(r, script_source(tree, "pop" if pop else "enqueue", functions))
     k = QueueKeys(ctx.namespace, f"handoff{uuid.uuid4().hex[:6]}")
     first = int(r.incrby(k.seq, calls_n)) - calls_n
     r.config_resetstat()
@@ -84,7 +91,7 @@ def handoff_once(ctx: Context, tree: Path, calls_n: int, sleep_s: float, case: s
             jid = f"{'a' * 17}-{first + i:x}"
             c = calls.enqueue(k, 0, [f"0:0:3:{jid}:".encode() + b"\x94\xa1t\x90\x80\x00"],
                               check=False, runs=f"{first + i}:1")
-        r.evalsha(sha, len(c.keys), *c.keys, *c.args)
+        run(c.keys, c.args)
     usec = _script_usec(ctx)
     for key in r.scan_iter(f"{k.prefix}:*"):
         r.delete(key)
@@ -102,20 +109,24 @@ def main(argv: list[str] | None = None) -> None:
                    help="time a one-job enqueue (handed off, or to nobody registered) and "
                    "an idle worker's pop instead of a drain's pop and ack")
     p.add_argument("--calls", type=int, default=1000, help="with --handoff: calls a round")
+    p.add_argument("--evalsha", action="store_true",
+                   help="call every tree's scripts by EVALSHA, even a tree that loads them "
+                   "as Redis Functions (by default each tree's own way)")
     p.add_argument("--sleep-ms", type=float, default=0.0,
                    help="with --handoff: sleep before each call (default 0)")
     a = p.parse_args(argv)
     trees = [a.before.resolve(), a.after.resolve()]
+    fn = not a.evalsha
     if a.handoff:
-        handoff(trees, a.rounds, a.calls, a.sleep_ms / 1000)
+        handoff(trees, a.rounds, a.calls, a.sleep_ms / 1000, fn)
         return
     got: dict[Path, list[tuple[float, float]]] = {t: [] for t in trees}
     flow_cost._server_usec = _script_usec  # evalsha only (see above)
     with Context(None) as ctx:
         for i in range(a.rounds):
             for t in trees if i % 2 == 0 else trees[::-1]:
-                got[t].append(flow_cost.once(ctx, a.jobs, 0, script_source(t, "pop"),
-                                             script_source(t, "ack"), 100))
+                got[t].append(flow_cost.once(ctx, a.jobs, 0, script_source(t, "pop", fn),
+                                             script_source(t, "ack", fn), 100))
     print(f"server time in the scripts per job, {a.jobs:,} jobs, pop batch 100, "
           f"median of {a.rounds}")
     print("| tree | pop (µs/job) | ack (µs/job) | pop + ack (µs/job) | ceiling of one queue |")
@@ -127,14 +138,15 @@ def main(argv: list[str] | None = None) -> None:
         print(f"| {t} | {pop:.2f} | {ack:.2f} | {tot:.2f} | {1e6 / tot:,.0f} jobs/s |")
 
 
-def handoff(trees: list[Path], rounds: int, calls_n: int, sleep_s: float) -> None:
+def handoff(trees: list[Path], rounds: int, calls_n: int, sleep_s: float,
+            functions: bool = True) -> None:
     got: dict[tuple[Path, str], list[float]] = {}
     with Context(None) as ctx:
         for i in range(rounds):
             for t in trees if i % 2 == 0 else trees[::-1]:
                 for case in CASES:
                     got.setdefault((t, case), []).append(
-                        handoff_once(ctx, t, calls_n, sleep_s, case))
+                        handoff_once(ctx, t, calls_n, sleep_s, case, functions))
     print(f"server time per call (µs), {calls_n:,} calls a round, {sleep_s * 1000:g} ms "
           f"sleep before each, median of {rounds}")
     print("| tree | " + " | ".join(CASES) + " |")

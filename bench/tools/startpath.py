@@ -70,7 +70,7 @@ def one_run(url: str, tree: Path | None, rate: float, duration_s: float,
     else:
         # batchq's own top-level commands: its scripts (enqueue, pop, ack; a command a
         # script runs is counted inside the script's time) and the BLPOP
-        cwd, commands = tree, ("evalsha", "blpop")
+        cwd, commands = tree, ("evalsha", "fcall", "blpop")
         worker_argv = [sys.executable, "-m", "batchq", "worker", "startpath_app:app",
                        "-q", QUEUE, "--no-metrics", "--log-level", "WARNING"]
         produce_argv = [sys.executable, "-m", "startpath_app", str(rate), str(duration_s),

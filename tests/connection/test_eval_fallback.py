@@ -1,8 +1,10 @@
-"""The scripts' way past NOSCRIPT when loading does not help: a NOSCRIPT that outlives a
-successful ``SCRIPT LOAD`` (a proxy that sends each command to another node; here: the
-wrapper's SHA made wrong, so the loaded script is never the one asked for) ends in one
-``EVAL`` with the full source, for direct calls, pipelines and asyncio alike. Real
-server; the refused ``SCRIPT LOAD`` itself is covered by ``security/test_managed.py``."""
+"""The scripts' way past a missing script when loading does not help: a NOSCRIPT that
+outlives a successful ``SCRIPT LOAD``, or a ``Function not found`` that outlives a
+successful ``FUNCTION LOAD`` (a proxy that sends each command to another node; here: the
+wrapper's SHA or function name made wrong, so the loaded script is never the one asked
+for) ends in one ``EVAL`` with the full source, for direct calls, pipelines and asyncio
+alike. Real server; the refused ``SCRIPT LOAD`` itself is covered by
+``security/test_managed.py``, functions by ``test_functions.py``."""
 
 from __future__ import annotations
 
@@ -14,7 +16,14 @@ import redis.asyncio
 from fixtures.scripts import *  # noqa: F403
 
 import batchq
-from batchq.store.scripts import AsyncScripts, SyncScripts, arun_pipeline, calls, run_pipeline
+from batchq.store.scripts import (
+    AsyncScripts,
+    SyncScripts,
+    _Lua,
+    arun_pipeline,
+    calls,
+    run_pipeline,
+)
 
 pytestmark = pytest.mark.script
 
@@ -29,14 +38,26 @@ def _evals(r: redis.Redis) -> int:
     return _count(r, "eval")
 
 
-def test_persistent_noscript_falls_back_to_eval(redis_url: str, redis_client: redis.Redis,
-                                                namespace: str) -> None:
+def _break(script: _Lua, functions: bool) -> None:
+    """Make every call of ``script`` miss, loaded or not: FCALL a name the library does
+    not register, or EVALSHA a SHA the loaded source does not have."""
+    script.mode.functions = functions
+    if functions:
+        assert script.library  # built now: it registers the real name
+        script.fname = "batchq_reserve_" + WRONG_SHA
+    else:
+        script.sha = WRONG_SHA
+
+
+@pytest.mark.parametrize("functions", [True, False], ids=["fcall", "evalsha"])
+def test_persistent_miss_falls_back_to_eval(redis_url: str, redis_client: redis.Redis,
+                                            namespace: str, functions: bool) -> None:
     app = batchq.App(redis_url, namespace=namespace)
     try:
         k = app.keys("evalq")
         s = SyncScripts(app.redis)
         script = s.by_name["reserve"]
-        script.sha = WRONG_SHA  # every EVALSHA of it is NOSCRIPT, loaded or not
+        _break(script, functions)
         before = _evals(redis_client)
         first = s.call(calls.reserve(k, 5))
         assert s.call(calls.reserve(k, 5)) == first + 5
@@ -52,7 +73,7 @@ def test_persistent_noscript_falls_back_to_eval(redis_url: str, redis_client: re
             client = redis.asyncio.Redis.from_url(redis_url)
             try:
                 a = AsyncScripts(client)
-                a.by_name["reserve"].sha = WRONG_SHA
+                _break(a.by_name["reserve"], functions)
                 one = await a.call(calls.reserve(k, 1))
                 apipe = client.pipeline(transaction=False)
                 await a.call(calls.reserve(k, 1), client=apipe)
@@ -73,6 +94,7 @@ def test_a_refused_load_is_remembered(redis_url: str, redis_client: redis.Redis,
     try:
         k = app.keys("evalq2")
         s = SyncScripts(app.redis)
+        s.mode.functions = False  # the EVALSHA way
         script = s.by_name["reserve"]
         script.refused(redis.ResponseError("unknown command 'SCRIPT'"))
         script.sha = WRONG_SHA

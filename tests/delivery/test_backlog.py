@@ -87,8 +87,9 @@ def test_a_backlog_of_delayed_jobs_coming_due_at_once(fleet_on: FleetFactory,
             watcher.join(5)
         fleet.settle(("bulk", "live"))
 
-        slow = [e for e in r.slowlog_get(100_000) if e["command"].startswith(b"EVALSHA " +
-                                                                            POP_SHA)]
+        slow = [e for e in r.slowlog_get(100_000)
+                if e["command"].startswith((b"EVALSHA " + POP_SHA,
+                                            b"FCALL batchq_pop_" + POP_SHA))]
         slow_ms = sorted(e["duration"] / 1000 for e in slow)
         worst_ms = slow_ms[-1] if slow_ms else 0.0
         p99_ms = slow_ms[int(0.99 * (len(slow_ms) - 1))] if slow_ms else 0.0

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 import redis
 from fixtures.basic import *  # noqa: F403
-from helpers import free_port
+from helpers import free_port, script_calls
 
 import batchq
 
@@ -16,8 +16,7 @@ pytestmark = pytest.mark.integration
 
 
 def _evalsha_calls(r: redis.Redis) -> int:
-    stats = r.info("commandstats").get("cmdstat_evalsha", {})
-    return int(stats.get("calls", 0))
+    return script_calls(r)
 
 
 def test_concurrent_aenqueue_coalesces_and_every_job_lands(redis_url, redis_client,

@@ -471,6 +471,19 @@ def test_script_loads_on_the_server(redis_client: redis.Redis, name):
     assert redis_client.script_exists(sha) == [True]
 
 
+@pytest.mark.parametrize("name", scripts.NAMES)
+def test_script_loads_as_a_function(redis_client: redis.Redis, name):
+    """Each script is also a function library (under 60 upvalues per function: Lua 5.1's
+    limit, which the body's library names count against once it is a function)."""
+    s = scripts.SyncScript(name, redis_client)
+    redis_client.function_load(s.library, replace=True)
+    libs = redis_client.function_list(library=s.fname)
+    assert len(libs) == 1, libs
+    flags = {f.decode() for f in dict(zip(libs[0][5][0][::2], libs[0][5][0][1::2],
+                                          strict=True))[b"flags"]}
+    assert flags == (set() if name in scripts.library.REFUSED_WHEN_FULL else {"allow-oom"})
+
+
 def test_library_alone_compiles(redis_client: redis.Redis):
     lib = scripts._library()
     sha = redis_client.script_load(lib)

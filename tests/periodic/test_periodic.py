@@ -20,7 +20,7 @@ import pytest
 import redis
 from apps.periodic_child import build
 from fixtures.basic import *  # noqa: F403
-from helpers import REPO_ROOT, cli_env, wait_until
+from helpers import REPO_ROOT, cli_env, script_calls, wait_until
 
 import batchq
 from batchq.produce.periodic import Scheduler, leader_lock_name, periodic_metrics, schedules
@@ -341,9 +341,8 @@ def test_two_apps_in_one_namespace_with_different_tasks_both_run(app, redis_url,
 
 
 def evalsha_calls(r: redis.Redis) -> int:
-    """EVALSHA round trips the server has served (a follower's only command)."""
-    stats = r.info("commandstats").get("cmdstat_evalsha", {})
-    return int(stats.get("calls", 0)) + int(stats.get("rejected_calls", 0))
+    """Script round trips the server has served (a follower's only command)."""
+    return script_calls(r)
 
 
 def test_a_follower_sends_one_command_per_third_of_a_lease(app, redis_url, queue_name):

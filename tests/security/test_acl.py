@@ -15,7 +15,7 @@ import pytest
 import redis
 from apps.sec_app import build, runs
 from fixtures.acl import acl_setuser_args
-from helpers import free_port, run_cli, wait_until
+from helpers import forget_scripts, free_port, run_cli, wait_until
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -82,7 +82,7 @@ def test_worker_producer_and_cli_as_the_acl_user(acl_server: AclServer, tmp_path
         app.queue().events(max_len=100_000)  # the scripts write the job events too
         rec = app.tasks["rec"]
         rec.enqueue("one")
-        rec.enqueue_many(range(2500))  # several chunks: a pipeline of EVALSHA
+        rec.enqueue_many(range(2500))  # several chunks: a pipeline of FCALL
         rec.options(delay_s=0.2).enqueue("delayed")
         rec.options(queue="other", priority=7).enqueue("other")
         app.tasks["sync_rec"].enqueue("sync")
@@ -92,7 +92,7 @@ def test_worker_producer_and_cli_as_the_acl_user(acl_server: AclServer, tmp_path
         app.queue().limit(group="*", rate_per_s=100_000)
         for g in ("acme", "globex"):
             rec.options(group=g).enqueue_many([f"{g}{i}" for i in range(20)])
-        admin.script_flush()  # the next calls hit NOSCRIPT and SCRIPT LOAD as the user
+        forget_scripts(admin)  # the next calls load the scripts again as the user
 
         async def aio() -> None:
             await rec.aenqueue("two")
@@ -122,7 +122,7 @@ def test_worker_producer_and_cli_as_the_acl_user(acl_server: AclServer, tmp_path
         dead = json.loads(cli("dead", "list", "default", "--json"))["jobs"]
         assert len(dead) == 3
         cli("dead", "show", "default", "--all")
-        admin.script_flush()
+        forget_scripts(admin)
         assert "retried 1" in cli("dead", "retry", "default", "--id", dead[0]["id"])
         assert "purged 1" in cli("dead", "purge", "default", "--id", dead[1]["id"])
         wait_until(lambda: app.queue().stats().dead == 2, timeout_s=10)  # retried: dead

@@ -58,6 +58,8 @@ class ManagedServer:
         a = self.admin()
         try:
             a.execute_command(self.script_command, "FLUSH")
+            if not self.no_script_load:  # FUNCTION is renamed away with SCRIPT
+                a.function_flush()
         finally:
             a.close()
 
@@ -81,7 +83,8 @@ def managed(request: pytest.FixtureRequest) -> Iterator[ManagedServer]:
     rules = acl_setuser_args("batchq", password, namespace)
     if request.param == "script-too":
         script = f"SCRIPT{uuid4().hex[:8]}"  # only the test's admin knows it
-        args += ["--rename-command", "SCRIPT", script]
+        # FUNCTION too: with FUNCTION LOAD there, the scripts would never need SCRIPT
+        args += ["--rename-command", "SCRIPT", script, "--rename-command", "FUNCTION", ""]
         rules.append("+eval")  # the documented addition where SCRIPT LOAD is refused
     with EmbeddedServer(extra_args=args) as server:
         r = redis.Redis(host="127.0.0.1", port=server.port)
@@ -216,4 +219,4 @@ def test_smoke_set_as_the_acl_user(managed: ManagedServer, tmp_path: Path,
     if m.no_script_load:
         assert m.evals() > evals_before  # the fallback ran
     else:
-        assert m.evals() == evals_before  # EVALSHA and SCRIPT LOAD only
+        assert m.evals() == evals_before  # FCALL and FUNCTION LOAD only

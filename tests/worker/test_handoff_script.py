@@ -185,8 +185,8 @@ def _commands(r: redis.Redis) -> dict[str, int]:
     but for the script calls, script loads and the stats commands themselves."""
     stats = r.info("commandstats")
     return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()
-            if not name.startswith(("cmdstat_evalsha", "cmdstat_script", "cmdstat_config",
-                                    "cmdstat_info"))}
+            if not name.startswith(("cmdstat_evalsha", "cmdstat_fcall", "cmdstat_script",
+                                    "cmdstat_function", "cmdstat_config", "cmdstat_info"))}
 
 
 def test_an_idle_workers_pop_is_nine_commands(

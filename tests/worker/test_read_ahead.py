@@ -13,7 +13,7 @@ import pytest
 import redis
 from fixtures.basic import *  # noqa: F403
 from fixtures.runs import pending_keys, wait_exit
-from helpers import wait_until
+from helpers import forget_scripts, wait_until
 
 import batchq
 from batchq.store import codec
@@ -259,10 +259,11 @@ def test_a_worker_loads_the_scripts_of_a_jobs_way_before_its_first_pop(
     and acks nothing, yet every script is there)."""
     from batchq.worker.worker import PRELOADED_SCRIPTS
 
-    redis_client.script_flush()
+    forget_scripts(redis_client)
     w = batchq.Worker(app, batchq.WorkerSettings(queues=(queue_name,), burst=True,
                                                  metrics=False,
                                                  install_signal_handlers=False))
     assert asyncio.run(w.run()) == 0
-    shas = [w.state.scripts.by_name[n].sha for n in PRELOADED_SCRIPTS]
-    assert redis_client.script_exists(*shas) == [True] * len(shas)
+    loaded = {dict(zip(lib[::2], lib[1::2], strict=True))[b"library_name"].decode()
+              for lib in redis_client.function_list()}
+    assert {w.state.scripts.by_name[n].fname for n in PRELOADED_SCRIPTS} <= loaded

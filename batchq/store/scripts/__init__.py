@@ -1,13 +1,27 @@
 """The Lua scripts, one atomic operation per file, loaded once per process.
 
 Every script gets the library definitions it uses prepended (time from the server, the
-job header parser, the dead-record writer...; ``library_for``): ``_lib.lua`` and the topic
-include files of ``LIBRARY``. Calls use EVALSHA and, on
-NOSCRIPT (a restarted or failed-over server), SCRIPT LOAD and one retry: a NOSCRIPT reply
-means the script did not run, so the retry cannot apply it twice. Inside pipelines
-scripts are queued as plain EVALSHA commands (no SCRIPT EXISTS round trip per pipeline,
-unlike redis-py's ``Script``); ``run_pipeline`` / ``arun_pipeline`` re-run just the
-commands that hit NOSCRIPT.
+job header parser, the dead-record writer...; ``library.library_for``): ``_lib.lua`` and
+the topic include files of ``LIBRARY``.
+
+**Functions first.** On a server with Redis Functions (Redis 7.0+, Valkey) each script is
+its own function library (``library.function_library``), named after the script and the
+SHA1 of its text (``batchq_pop_<sha>``: two batchq versions on one server never call each
+other's code), and called with ``FCALL``. A library's definitions run once, at load; an
+``EVALSHA`` runs the script's whole text per call, every ``local function`` a closure
+made again (an empty pop: 28 µs of server time by EVALSHA, 17 by FCALL). A function the
+server does not know (``Function not found``: a restarted server without persistence, a
+new node) is loaded with ``FUNCTION LOAD`` and called once more: the error means it did
+not run, so the retry cannot apply it twice. A server without ``FCALL`` or ``FUNCTION
+LOAD`` (Redis 6.2, a command renamed or denied by an ACL) turns functions off for the
+client's scripts, which go on by ``EVALSHA``. Cluster clients use ``EVALSHA`` (redis-py
+asks a node for an ``FCALL``'s keys on every call, where it reads an ``EVALSHA``'s
+itself); ``BATCHQ_FUNCTIONS=0`` in the environment turns functions off everywhere.
+
+**EVALSHA**: on NOSCRIPT (a restarted or failed-over server), SCRIPT LOAD and one retry.
+Inside pipelines scripts are queued as plain ``FCALL`` / ``EVALSHA`` commands (no SCRIPT
+EXISTS round trip per pipeline, unlike redis-py's ``Script``); ``run_pipeline`` /
+``arun_pipeline`` re-run just the commands that missed their script.
 
 A managed Redis may refuse ``SCRIPT LOAD`` (the ``SCRIPT`` command renamed or denied by
 an ACL). A script whose load is refused, or whose NOSCRIPT outlives its load (a proxy
@@ -16,21 +30,20 @@ source, which also puts it in the server's script cache: the calls after it are 
 again. A refused load is remembered per script, so it is not tried again.
 
 Each script's KEYS order lives in ``calls.py`` (one typed builder per script); run a
-built call with ``scripts.call(c)``. The EVALSHA/NOSCRIPT logic is an I/O-free core
-(``_Lua.command``, ``_noscript_reruns``) with thin sync and async shells.
+built call with ``scripts.call(c)``. The FCALL/EVALSHA logic is an I/O-free core
+(``_Lua.command``, ``_Lua.missed``, ``_reruns``) with thin sync and async shells.
 
-Cluster clients work the same way: a cluster pipeline routes each queued EVALSHA by its
-keys (one slot: all keys of a queue share a hash tag), ``SCRIPT LOAD`` on a cluster
-client goes to every primary, and the re-run ``evalsha`` is routed by key to its node.
+Cluster clients: a cluster pipeline routes each queued EVALSHA by its keys (one slot: all
+keys of a queue share a hash tag), ``SCRIPT LOAD`` on a cluster client goes to every
+primary, and the re-run ``evalsha`` is routed by key to its node.
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
+import os
 from collections.abc import Iterable, Sequence
-from functools import cache, cached_property
-from importlib import resources
+from functools import cached_property
 from typing import Any
 
 import redis
@@ -43,128 +56,72 @@ from redis.exceptions import NoScriptError
 
 from ..lane import AsyncLane, SyncLane, async_lane, sync_lane
 from .calls import Call
+from .library import (
+    LIBRARY,
+    NAMES,
+    _library,
+    definitions,
+    function_library,
+    include,
+    library_for,
+    source,
+)
 
-NAMES = ("enqueue", "schedule", "pop", "ack", "nack", "release", "extend", "redrive",
-         "start", "trim_dead", "lock_acquire", "lock_release", "lock_extend", "periodic_tick",
-         "cancel", "ack_result", "status", "reserve",
-         "load_open", "load_merge", "enqueue_tracked", "campaign_queue", "campaign_open",
-         "campaign_join", "campaign_close", "campaign_finish", "enqueue_group", "hold",
-         "gready_stats", "breaker_enter", "breaker_failure", "breaker_success",
-         "breaker_set", "breaker_state", "reroute")
+__all__ = ["LIBRARY", "NAMES", "AsyncScript", "AsyncScripts", "Mode", "SyncScript", "SyncScripts",
+           "_library", "arun_pipeline", "definitions", "fcall_missed", "function_library",
+           "include", "library_for", "load_async", "load_sync", "run_pipeline", "source"]
 
 _CALLS = "_batchq_calls"
 
 _SYNC_PIPELINES = (SyncPipeline, SyncClusterPipeline)
 _ASYNC_PIPELINES = (AsyncPipeline, AsyncClusterPipeline)
-
-
-@cache
-def source(name: str) -> str:
-    """The full text of one script as sent to the server: the library's definitions the
-    script uses (``library_for``), then the script."""
-    if name not in NAMES:
-        raise KeyError(name)
-    body = resources.files(__name__).joinpath(f"{name}.lua").read_text(encoding="utf-8")
-    return library_for(_library(), body) + "\n" + body
-
-
-LIBRARY = ("_lib.lua", "_entries.lua", "_dead.lua", "_writes.lua", "_leases.lua",
-           "_bundles.lua", "_tracked.lua", "_waiting.lua", "_groups.lua", "_windows.lua",
-           "_events.lua",
-           "_pop_reap.lua", "_pop_reserve.lua", "_pop_groups.lua",
-           "_pop_reply.lua", "_expiry.lua")
-"""The library's files in order: a definition may use only those above it (Lua locals)."""
-
-
-def include(name: str) -> str:
-    """The text of one library file."""
-    return resources.files(__name__).joinpath(name).read_text(encoding="utf-8")
-
-
-@cache
-def _library() -> str:
-    """The library's definitions, file after file in ``LIBRARY`` order, under the head of
-    ``_lib.lua`` (the other files' own head comments are not sent). Read once per
-    process."""
-    parts = []
-    for i, name in enumerate(LIBRARY):
-        head, defs = definitions(include(name), name)
-        parts.append(head if i == 0 else "")
-        parts.extend(text for _, text in defs)
-    return "".join(parts)
-
-
-_DEFINITION = re.compile(r"local (?:function )?([A-Za-z_]\w*)")
-_WORD = re.compile(r"[A-Za-z_]\w*")
-
-
-def definitions(lib: str, name: str = "library") -> tuple[str, list[tuple[str, str]]]:
-    """A library file ``lib`` (called ``name`` in errors) split into its head (the text
-    before the first definition) and its top-level definitions in order, ``(name,
-    text)``: a line ``local function NAME`` (to its ``end`` at column 0, or on one line)
-    or ``local NAME = ...``, with the comment lines right above it; blank lines and
-    comments after a blank line stay with the text before them. Any other top-level line
-    is a ``ValueError``: the library keeps to this layout."""
-    head: list[str] = []
-    defs: list[tuple[str, list[str]]] = []
-    above: list[str] = []  # top-level comments, for the definition below them
-    in_function = False
-    for line in lib.splitlines(keepends=True):
-        if in_function:
-            defs[-1][1].append(line)
-            in_function = line.rstrip() != "end"
-            continue
-        m = _DEFINITION.match(line)
-        if m is not None:
-            defs.append((m.group(1), [*above, line]))
-            above = []
-            # a function runs to its "end" at column 0, unless it is all on this line
-            in_function = line.startswith("local function ") and \
-                not line.rstrip().endswith(" end")
-        elif line.startswith("--"):
-            above.append(line)
-        elif not line.strip():
-            (defs[-1][1] if defs else head).extend([*above, line])
-            above = []
-        else:
-            raise ValueError(f"{name}: a top-level line that defines nothing: {line!r}")
-    (defs[-1][1] if defs else head).extend(above)
-    return "".join(head), [(name, "".join(text)) for name, text in defs]
-
-
-def library_for(lib: str, body: str) -> str:
-    """The part of ``lib`` that ``body`` needs: its head and every definition the body
-    names, directly or through another kept definition, in the library's order.
-
-    A script runs its whole text on every call, so each ``local function`` of the
-    library is a closure made per call whether used or not: on Valkey 9.1 the full
-    library cost a script 11 µs a call. A definition can only use those above it (Lua
-    locals), so one pass from the last definition up collects them all. A name that
-    only appears in a comment or a string keeps its definition: harmless."""
-    head, defs = _named(lib)
-    needed = set(_WORD.findall(body))
-    kept = []
-    for name, text, names in reversed(defs):
-        if name in needed:
-            needed |= names
-            kept.append(text)
-    return head + "".join(reversed(kept))
-
-
-@cache
-def _named(lib: str) -> tuple[str, list[tuple[str, str, frozenset[str]]]]:
-    """``definitions(lib)`` with the names each definition mentions: parsed once per
-    process, not once per script (27 parses were 17 ms of a process's start)."""
-    head, defs = definitions(lib)
-    return head, [(name, text, frozenset(_WORD.findall(text))) for name, text in defs]
-
+_CLUSTERS = (redis.RedisCluster, redis.asyncio.RedisCluster)
 
 # --- the I/O-free core -----------------------------------------------------------------
 
 
+class Mode:
+    """How one client's scripts are called: ``functions`` (FCALL) until the server shows
+    it has none (then EVALSHA, for good)."""
+
+    __slots__ = ("functions",)
+
+    def __init__(self, client: Any) -> None:
+        self.functions = (not isinstance(client, _CLUSTERS)
+                          and os.environ.get("BATCHQ_FUNCTIONS", "1") != "0")
+
+
+MISSING, UNAVAILABLE = "missing", "unavailable"
+
+
+def fcall_missed(exc: BaseException) -> str | None:
+    """What an error reply to an ``FCALL`` or ``FUNCTION LOAD`` says of functions:
+    ``MISSING`` (the server does not know this function: load it), ``UNAVAILABLE``
+    (the server has no functions, or the user may not call or load them), None (the
+    function ran: a script error, not ours to handle). Only errors that mean the command
+    did not run are the first two: an ACL refusal inside a running function names the
+    command it refused, not ``fcall``."""
+    if not isinstance(exc, redis.ResponseError):
+        return None
+    msg = str(exc).lower()
+    if msg.startswith("function not found"):
+        return MISSING
+    head = msg[:64]
+    if ("unknown command" in head and ("function" in head or "fcall" in head)) or \
+            "'fcall' command" in msg or "'function|load' command" in msg:
+        return UNAVAILABLE
+    return None
+
+
+def _exists(exc: redis.ResponseError) -> bool:
+    """A ``FUNCTION LOAD`` of a library the server has (another process loaded it)."""
+    return "already exists" in str(exc)
+
+
 class _Lua:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, mode: Mode | None = None) -> None:
         self.name = name
+        self.mode = mode if mode is not None else Mode(None)
 
     # built at a script's first use: a process builds every script's wrapper at start
     # but calls only some of the scripts (a producer two or three)
@@ -176,21 +133,48 @@ class _Lua:
     def sha(self) -> str:
         return hashlib.sha1(self.source.encode()).hexdigest()
 
+    @cached_property
+    def fname(self) -> str:
+        """The script's function (and library) name: ``batchq_<name>_<sha>``."""
+        return f"batchq_{self.name}_{self.sha}"
+
+    @cached_property
+    def library(self) -> str:
+        """The script as a function library (``FUNCTION LOAD``)."""
+        return function_library(self.name, self.fname)
+
     load_refused = False
     """The server refused this script's ``SCRIPT LOAD``: after NOSCRIPT, go to EVAL."""
+    refusal: redis.ResponseError | None = None
+    """That refusal."""
 
-    def command(self, keys: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:
-        """The EVALSHA arguments of one call."""
-        return (self.sha, len(keys), *keys, *args)
+    def command(self, keys: Sequence[Any], args: Sequence[Any], way: str = ""
+                ) -> tuple[Any, ...]:
+        """One call's command: ``way`` (``FCALL`` or ``EVALSHA``), by default ``FCALL``
+        while the client's mode says functions, else ``EVALSHA``."""
+        if way == FCALL or (not way and self.mode.functions):
+            return ("FCALL", self.fname, len(keys), *keys, *args)
+        return ("EVALSHA", self.sha, len(keys), *keys, *args)
 
     def eval_command(self, keys: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:
         """The EVAL arguments of one call (the full source)."""
         return (self.source, len(keys), *keys, *args)
 
+    def missed(self, exc: BaseException) -> bool:
+        """Did a call miss its script (it did not run, so running it again is safe)?
+        ``UNAVAILABLE`` turns functions off for the client's scripts."""
+        if isinstance(exc, NoScriptError):
+            return True
+        what = fcall_missed(exc) if self.mode.functions else None
+        if what == UNAVAILABLE:
+            self.mode.functions = False
+        return what is not None
+
     def refused(self, exc: redis.ResponseError) -> None:
         """``SCRIPT LOAD`` answered ``exc`` (unknown command, NOPERM): use EVAL."""
         if not isinstance(exc, NoScriptError):
             self.load_refused = True
+            self.refusal = exc
 
     def _queue(self, pipe: Any, keys: Sequence[Any], args: Sequence[Any]) -> None:
         calls = getattr(pipe, _CALLS, None)
@@ -198,24 +182,23 @@ class _Lua:
             calls = []
             setattr(pipe, _CALLS, calls)
         calls.append((self, keys, args))
-        pipe.execute_command("EVALSHA", *self.command(keys, args))
+        pipe.execute_command(*self.command(keys, args))
 
 
 _Queued = tuple[_Lua, Sequence[Any], Sequence[Any]]
 
 
-def _noscript_reruns(pipe: Any, results: list[Any]) -> list[tuple[int, _Lua, bool,
-                                                                  Sequence[Any],
-                                                                  Sequence[Any]]]:
-    """The pipelined calls that hit NOSCRIPT: (position, script, load it first?, keys,
-    args); each script is loaded once (on a cluster: on every primary). Clears the
+def _reruns(pipe: Any, results: list[Any]) -> list[tuple[int, _Lua, bool, Sequence[Any],
+                                                         Sequence[Any]]]:
+    """The pipelined calls that missed their script: (position, script, load it first?,
+    keys, args); each script is loaded once (on a cluster: on every primary). Clears the
     pipeline's record of queued scripts."""
     calls: list[_Queued] = getattr(pipe, _CALLS, [])
     setattr(pipe, _CALLS, [])
     out = []
     loaded: set[str] = set()
     for i, res in enumerate(results):
-        if isinstance(res, NoScriptError) and i < len(calls):
+        if i < len(calls) and isinstance(res, redis.ResponseError) and calls[i][0].missed(res):
             script, keys, args = calls[i]
             out.append((i, script, script.name not in loaded, keys, args))
             loaded.add(script.name)
@@ -225,11 +208,68 @@ def _noscript_reruns(pipe: Any, results: list[Any]) -> list[tuple[int, _Lua, boo
 # --- sync and async shells -------------------------------------------------------------
 
 
+FCALL, EVALSHA, EVAL = "FCALL", "EVALSHA", "EVAL"
+"""How a script is called right after its load (``load_sync``)."""
+
+
+def _loaded(script: _Lua, exc: redis.ResponseError | None) -> str:
+    """The way to call ``script`` after ``FUNCTION LOAD`` answered ``exc`` (None: loaded):
+    FCALL when the library is there (maybe loaded by another process); else None, after
+    turning functions off if the server refuses them. Any other refusal (a server at
+    ``maxmemory`` refuses ``FUNCTION LOAD``, not ``SCRIPT LOAD``) leaves functions on
+    and sends this call by EVALSHA."""
+    if exc is None or _exists(exc):
+        return FCALL
+    if fcall_missed(exc) == UNAVAILABLE:
+        script.mode.functions = False
+    return EVALSHA
+
+
+def load_sync(client: Any, script: _Lua) -> str:
+    """Put ``script`` on the server: ``FUNCTION LOAD`` while the client's mode says
+    functions, else (or if that load fails) ``SCRIPT LOAD`` unless refused before.
+    Returns how to call it now: ``FCALL``, ``EVALSHA`` or ``EVAL`` (both loads refused:
+    the script is marked for EVAL)."""
+    if script.mode.functions:
+        try:
+            client.function_load(script.library)
+            return FCALL
+        except redis.ResponseError as exc:
+            if _loaded(script, exc) == FCALL:
+                return FCALL
+    if not script.load_refused:
+        try:
+            client.script_load(script.source)
+            return EVALSHA
+        except redis.ResponseError as exc:
+            script.refused(exc)
+    return EVAL
+
+
+async def load_async(client: Any, script: _Lua) -> str:
+    """``load_sync`` for asyncio."""
+    if script.mode.functions:
+        try:
+            await client.function_load(script.library)
+            return FCALL
+        except redis.ResponseError as exc:
+            if _loaded(script, exc) == FCALL:
+                return FCALL
+    if not script.load_refused:
+        try:
+            await client.script_load(script.source)
+            return EVALSHA
+        except redis.ResponseError as exc:
+            script.refused(exc)
+    return EVAL
+
+
 class SyncScript(_Lua):
     """A script bound to a synchronous client: ``script(keys, args, client=None)``."""
 
-    def __init__(self, name: str, client: redis.Redis, lane: SyncLane | None = None) -> None:
-        super().__init__(name)
+    def __init__(self, name: str, client: redis.Redis, lane: SyncLane | None = None,
+                 mode: Mode | None = None) -> None:
+        super().__init__(name, mode if mode is not None else Mode(client))
         self.client = client
         self.lane = lane
         """The client's fast lane (``lane.py``), shared by the scripts of one client."""
@@ -244,20 +284,18 @@ class SyncScript(_Lua):
         run = self.lane.execute if self.lane is not None and c is self.client \
             else c.execute_command
         try:
-            return run("EVALSHA", *self.command(keys, args))
-        except NoScriptError:
-            # NOSCRIPT: the script did not run, so running it again cannot apply it twice
-            pass
-        if not self.load_refused:
+            return run(*self.command(keys, args))
+        except redis.ResponseError as exc:
+            # the script did not run, so running it again cannot apply it twice
+            if not self.missed(exc):
+                raise
+        way = load_sync(c, self)
+        if way != EVAL:
             try:
-                c.script_load(self.source)
+                return run(*self.command(keys, args, way))
             except redis.ResponseError as exc:
-                self.refused(exc)
-            else:
-                try:
-                    return run("EVALSHA", *self.command(keys, args))
-                except NoScriptError:
-                    pass
+                if not self.missed(exc):
+                    raise
         return run("EVAL", *self.eval_command(keys, args))
 
 
@@ -265,8 +303,8 @@ class AsyncScript(_Lua):
     """A script bound to an asyncio client: ``await script(keys, args, client=None)``."""
 
     def __init__(self, name: str, client: redis.asyncio.Redis,
-                 lane: AsyncLane | None = None) -> None:
-        super().__init__(name)
+                 lane: AsyncLane | None = None, mode: Mode | None = None) -> None:
+        super().__init__(name, mode if mode is not None else Mode(client))
         self.client = client
         self.lane = lane
         """The client's fast lane (``lane.py``), shared by the scripts of one client."""
@@ -281,56 +319,56 @@ class AsyncScript(_Lua):
         run = self.lane.execute if self.lane is not None and c is self.client \
             else c.execute_command
         try:
-            return await run("EVALSHA", *self.command(keys, args))
-        except NoScriptError:
-            pass
-        if not self.load_refused:
+            return await run(*self.command(keys, args))
+        except redis.ResponseError as exc:
+            if not self.missed(exc):
+                raise
+        way = await load_async(c, self)
+        if way != EVAL:
             try:
-                await c.script_load(self.source)
+                return await run(*self.command(keys, args, way))
             except redis.ResponseError as exc:
-                self.refused(exc)
-            else:
-                try:
-                    return await run("EVALSHA", *self.command(keys, args))
-                except NoScriptError:
-                    pass
+                if not self.missed(exc):
+                    raise
         return await run("EVAL", *self.eval_command(keys, args))
 
 
 def _rerun(client: redis.Redis, script: _Lua, keys: Sequence[Any],
-           args: Sequence[Any]) -> Any:
-    """One pipelined call that hit NOSCRIPT, after its load: EVALSHA, else EVAL."""
-    if not script.load_refused:
+           args: Sequence[Any], way: str) -> Any:
+    """One pipelined call that missed its script, after its load: the ``way`` the load
+    gave, and EVAL if that misses again (unknown where the call runs: send the source)."""
+    if way != EVAL:
         try:
-            return client.evalsha(*script.command(keys, args))
-        except NoScriptError:
-            pass  # loaded, yet unknown where the call runs: send the source
+            return client.execute_command(*script.command(keys, args, way))  # type: ignore[no-untyped-call]
+        except redis.ResponseError as exc:
+            if not script.missed(exc):
+                raise
     return client.eval(*script.eval_command(keys, args))
 
 
 async def _arerun(client: redis.asyncio.Redis, script: _Lua, keys: Sequence[Any],
-                  args: Sequence[Any]) -> Any:
+                  args: Sequence[Any], way: str) -> Any:
     """``_rerun`` for asyncio."""
-    if not script.load_refused:
+    if way != EVAL:
         try:
-            return await client.evalsha(*script.command(keys, args))
-        except NoScriptError:
-            pass
+            return await client.execute_command(*script.command(keys, args, way))  # type: ignore[no-untyped-call]
+        except redis.ResponseError as exc:
+            if not script.missed(exc):
+                raise
     return await client.eval(*script.eval_command(keys, args))
 
 
 def run_pipeline(pipe: SyncPipeline | SyncClusterPipeline, client: redis.Redis) -> list[Any]:
     """Execute a pipeline of queued scripts (``raise_on_error=False``); commands that
-    hit NOSCRIPT are loaded and run again one by one. Other errors come back in place."""
+    missed their script are loaded and run again one by one. Other errors come back in
+    place."""
     results: list[Any] = pipe.execute(raise_on_error=False)
-    for i, script, load, keys, args in _noscript_reruns(pipe, results):
-        if load and not script.load_refused:
-            try:
-                client.script_load(script.source)
-            except redis.ResponseError as exc:
-                script.refused(exc)
+    ways: dict[str, str] = {}
+    for i, script, load, keys, args in _reruns(pipe, results):
         try:
-            results[i] = _rerun(client, script, keys, args)
+            if load:
+                ways[script.name] = load_sync(client, script)
+            results[i] = _rerun(client, script, keys, args, ways[script.name])
         except redis.ResponseError as exc:
             results[i] = exc
     return results
@@ -340,14 +378,12 @@ async def arun_pipeline(pipe: AsyncPipeline | AsyncClusterPipeline,
                         client: redis.asyncio.Redis) -> list[Any]:
     """``run_pipeline`` for asyncio."""
     results: list[Any] = await pipe.execute(raise_on_error=False)
-    for i, script, load, keys, args in _noscript_reruns(pipe, results):
-        if load and not script.load_refused:
-            try:
-                await client.script_load(script.source)
-            except redis.ResponseError as exc:
-                script.refused(exc)
+    ways: dict[str, str] = {}
+    for i, script, load, keys, args in _reruns(pipe, results):
         try:
-            results[i] = await _arerun(client, script, keys, args)
+            if load:
+                ways[script.name] = await load_async(client, script)
+            results[i] = await _arerun(client, script, keys, args, ways[script.name])
         except redis.ResponseError as exc:
             results[i] = exc
     return results
@@ -359,7 +395,8 @@ class SyncScripts:
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
         lane = sync_lane(client)
-        self.by_name = {n: SyncScript(n, client, lane) for n in NAMES}
+        self.mode = Mode(client)
+        self.by_name = {n: SyncScript(n, client, lane, self.mode) for n in NAMES}
 
     def call(self, c: Call,
              client: redis.Redis | SyncPipeline | SyncClusterPipeline | None = None) -> Any:
@@ -373,7 +410,8 @@ class AsyncScripts:
     def __init__(self, client: redis.asyncio.Redis) -> None:
         self.client = client
         lane = async_lane(client)
-        self.by_name = {n: AsyncScript(n, client, lane) for n in NAMES}
+        self.mode = Mode(client)
+        self.by_name = {n: AsyncScript(n, client, lane, self.mode) for n in NAMES}
 
     async def call(self, c: Call, client: redis.asyncio.Redis | AsyncPipeline
                    | AsyncClusterPipeline | None = None) -> Any:
@@ -381,17 +419,15 @@ class AsyncScripts:
         return await self.by_name[c.script](c.keys, c.args, client=client)
 
     async def load(self, names: Iterable[str]) -> None:
-        """``SCRIPT LOAD`` the scripts ``names`` (on a Cluster, on every primary), so
-        their first calls do not take the NOSCRIPT detour: a worker's pop that is sent
-        again after NOSCRIPT can land behind a pop sent ahead of it, and its jobs would
-        start after later ones. A refused load (``ResponseError``) marks every script
-        to go through EVAL after NOSCRIPT, and is raised."""
+        """Load the scripts ``names`` (``FUNCTION LOAD``, else ``SCRIPT LOAD``; on a
+        Cluster, on every primary), so their first calls do not take the detour of a
+        missing script: a worker's pop that is sent again can land behind a pop sent
+        ahead of it, and its jobs would start after later ones. A refused script load
+        marks every script to go through EVAL after NOSCRIPT, and is raised."""
         for name in names:
-            try:
-                await self.client.script_load(self.by_name[name].source)
-            except redis.ResponseError as exc:
-                if isinstance(exc, NoScriptError):
-                    raise
-                for script in self.by_name.values():
-                    script.refused(exc)
-                raise
+            script = self.by_name[name]
+            await load_async(self.client, script)
+            if script.refusal is not None:
+                for other in self.by_name.values():
+                    other.refused(script.refusal)
+                raise script.refusal
