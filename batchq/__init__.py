@@ -39,6 +39,7 @@ from .tasks.errors import (
     ResultNotKept,
     Retry,
 )
+from .tasks.handler_redis import BatchingRedis
 from .tasks.lock import Lock
 from .tasks.task import Task, TaskCall, TaskConfig
 from .worker import JobFailed, Worker, WorkerSettings, run_worker
@@ -47,6 +48,7 @@ __version__ = "0.7.0"
 
 __all__ = [
     "App",
+    "BatchingRedis",
     "BatchqError",
     "BreakerOpen",
     "Call",

@@ -7,7 +7,7 @@ client shared by the process, a synchronous one on a shared ``redis.Redis``. Onl
 standard library and redis-py are imported: the peers' virtualenvs load this too.
 
 ``$BENCH_IO_CLIENT`` picks how an asyncio handler's client is made, for the
-comparison of ways to touch Redis from a handler (``bench/peers/io_clients.py``):
+comparison of ways to touch Redis from a handler (``bench peers --io-client``):
 
 * ``shared`` (default): one ``redis.asyncio.Redis.from_url(url)`` per process and
   loop (redis-py's pool: up to 100 connections, hiredis when installed);
@@ -15,7 +15,11 @@ comparison of ways to touch Redis from a handler (``bench/peers/io_clients.py``)
   connections (default 100), so a burst waits for a connection instead of opening one;
 * ``per-job``: a client made and closed in every job (what not to do);
 * ``batched``: the jobs of one loop share pipelines: a job's commands join the
-  pipeline being filled, which is sent when the previous one returned.
+  pipeline being filled, which is sent when the previous one returned (the recipe
+  the docs gave before ``batchq.BatchingRedis``);
+* ``batchq``: ``batchq.BatchingRedis(url)``, batchq's handle for handlers (the same
+  sharing, on a connection of its own: ``batchq/tasks/handler_redis.py``). batchq's
+  worker only: the peers' virtualenvs have no batchq.
 """
 
 from __future__ import annotations
@@ -31,10 +35,11 @@ from bench import record
 
 CLIENT_ENV = "BENCH_IO_CLIENT"
 POOL_ENV = "BENCH_IO_POOL"
-KINDS = ("shared", "blocking", "per-job", "batched")
+KINDS = ("shared", "blocking", "per-job", "batched", "batchq")
 
 _sync: redis.Redis | None = None
 _async: dict[Any, Any] = {}
+_handle: Any = None  # the BatchingRedis of kind "batchq" (made on first use)
 
 
 def _url() -> str:
@@ -114,8 +119,16 @@ def _client(kind: str) -> Any:
 
 async def around_trip() -> None:
     """One pipelined ``SET`` + ``GET`` from an asyncio handler (``$BENCH_IO_CLIENT``)."""
+    global _handle
     kind = os.environ.get(CLIENT_ENV, "shared")
     key = _key()
+    if kind == "batchq":
+        if _handle is None:
+            import batchq  # not in the peers' virtualenvs: imported for this kind only
+
+            _handle = batchq.BatchingRedis(_url())
+        await _handle.execute_many(("SET", key, b"1"), ("GET", key))
+        return
     if kind == "per-job":
         client = redis.asyncio.Redis.from_url(_url())
         try:

@@ -65,7 +65,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="how an asyncio io handler makes its client: "
                    f"{', '.join(KINDS)} (default shared: one redis.asyncio client per "
                    "process); a comma-separated list adds a batchq drain per further kind "
-                   "(system 'batchq+<kind>'), the peers keep the first")
+                   "(system 'batchq+<kind>'), the peers keep the first; batchq: "
+                   "batchq.BatchingRedis, batchq's own drains only")
     p.add_argument("--batchq-api", choices=("async", "sync", "both"), default="both",
                    help="batchq's producer in the latency runs: aenqueue on the asyncio "
                    "open loop (system 'batchq'), enqueue on the synchronous one, as the "
@@ -484,6 +485,10 @@ def main(args: argparse.Namespace) -> int:
     io_clients = [k.strip() for k in args.io_client.split(",") if k.strip()]
     if not io_clients or any(k not in KINDS for k in io_clients):
         print(f"--io-client: one or more of {', '.join(KINDS)}", file=sys.stderr)
+        return 2
+    if io_clients[0] == "batchq" and peers:
+        print("--io-client: the peers run the first kind and have no batchq: list batchq "
+              "after it (shared,batchq)", file=sys.stderr)
         return 2
     if args.job == "io" and args.no_drain:
         print("--job io is a drain's job: drop --no-drain", file=sys.stderr)
