@@ -29,7 +29,7 @@ from .options import (
     eta_seconds,
     expiry_spec,
 )
-from .seqs import entry_runs
+from .seqs import entry_runs, run_first
 
 
 class PlanSource(Protocol):
@@ -69,6 +69,10 @@ class Plan:
     expiry: str = ""
     """The jobs' expiry (``options.expiry_spec``), "" for none: an expiring job is
     tracked, and its deadline is written to the queue's ``expires`` zset."""
+    groups: str = ""
+    """One chunk of ``enqueue_many(group_fn=...)``: its rows' groups as runs in row order
+    (``calls.group_runs``: ``"<hex>:<count>,..."``, an empty hex for rows without a
+    group); each row's id carries its own group. "" for any other write."""
 
     @property
     def target(self) -> str:
@@ -89,13 +93,21 @@ class Plan:
               seq: Callable[[], int | None] | None = None) -> tuple[str, bytes]:
         return self.finish(self.body(args, kwargs, now_ms), seq)
 
+    @property
+    def mark(self) -> str:
+        """What this plan's ids end with: the group ("~<hex>"), then a tracked job's
+        mark."""
+        return ("~" + self.group if self.group else "") + \
+            (tracked.TRACKED_SUFFIX if self.tracked else "")
+
     def finish(self, body: bytes, seq: Callable[[], int | None] | None = None,
-               ) -> tuple[str, bytes]:
-        """The id and the entry of a job whose body is ``body``."""
+               mark: str | None = None) -> tuple[str, bytes]:
+        """The id and the entry of a job whose body is ``body``; ``mark``: the id's end,
+        when not this plan's (a row of ``group_fn``: its own group)."""
         # no number for a bad job; the id ends with its group ("~<hex>") then a tracked
         # job's mark, after the number
-        mark = ("~" + self.group if self.group else "") + \
-            (tracked.TRACKED_SUFFIX if self.tracked else "")
+        if mark is None:
+            mark = self.mark
         jid = codec.new_id(self.ref, seq() if seq else None, mark)
         e = b"%s%s:%s" % (self.head, jid.encode(), body)
         if len(e) > self.max_payload:
@@ -114,7 +126,7 @@ class Plan:
         """The script that writes this plan's jobs."""
         if self.tracked:
             return "enqueue_tracked"
-        if self.group:
+        if self.group or self.groups:
             return "enqueue_group"
         return "schedule" if self.due else "enqueue"
 
@@ -122,12 +134,20 @@ class Plan:
         p = int(self.head[:1])
         if self.tracked:
             mode, when = self.due or ("ready", 0)
+            first = None if self.due is not None or not entries else \
+                run_first(self.head, entries[0], entries[-2], len(entries) // 2)
             c = calls.enqueue_tracked(self.keys, p, mode, when, self.campaign or "",
                                       self.key_ttl_ms, tracked.TRIM_CHUNK, entries,
                                       check=check, on_conflict=self.on_conflict,
-                                      scan=tracked.REPLACE_SCAN, expiry=self.expiry)
+                                      scan=tracked.REPLACE_SCAN, expiry=self.expiry,
+                                      groups=self.groups, first_seq=first)
             return c.keys, c.args
         runs = entry_runs(self.head, entries) if self.due is None else ""
+        if self.groups:
+            mode, when = self.due or ("ready", 0)
+            c = calls.enqueue_groups(self.keys, self.groups, p, mode, when, entries,
+                                     check=check, runs=runs)
+            return c.keys, c.args
         if self.group:
             mode, when = self.due or ("ready", 0)
             c = calls.enqueue_group(self.keys, self.group, p, mode, when, entries,

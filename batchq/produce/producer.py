@@ -41,13 +41,15 @@ from ..store.durable import write_sync as _write_sync
 from ..store.scripts import arun_pipeline, run_pipeline
 from ..tasks.errors import CampaignClosed, EnqueueError, NotReplicated, QuotaExceeded
 from . import tracked
-from .chunks import CHUNK, WINDOW, KeyFn, Stream, Window
+from .chunks import CHUNK, WINDOW, GroupFn, KeyFn, Stream, Window
 from .chunks import quota_checked as _quota_checked
+from .chunks import quota_error as _quota_error
 from .options import MAX_DELAY_S, Call, EnqueueOptions, call, eta_seconds
 from .plan import Plan, plan
 from .seqs import SeqSource, areserve
 
-__all__ = ["CHUNK", "MAX_DELAY_S", "WINDOW", "Call", "EnqueueOptions", "KeyFn", "aenqueue",
+__all__ = ["CHUNK", "MAX_DELAY_S", "WINDOW", "Call", "EnqueueOptions", "GroupFn", "KeyFn",
+           "aenqueue",
            "aenqueue_many", "call", "enqueue", "enqueue_many", "eta_seconds", "plan"]
 
 RETRY_DELAYS_S = (0.05, 0.2, 0.5, 1.0, 2.0)
@@ -187,8 +189,8 @@ def _many(c: Clients, st: Stream, items: Iterable[Any]) -> Core[list[str]]:
                     st.written.extend(chunk_ids)
             except NotReplicated as exc:
                 raise _named(exc, chunk_ids, st.written) from None
-            except QuotaExceeded:
-                _quota_checked(sp, -2, st.written)
+            except QuotaExceeded as exc:
+                raise _quota_error(sp, exc.group, st.written) from None
             except EnqueueError as exc:
                 raise st.failed(exc) from exc.__cause__
         if rest:
@@ -291,21 +293,21 @@ def _unwaited(pipe: Any, client: redis.Redis) -> tuple[list[Any], int]:
 
 
 def enqueue_many(c: Clients, p: Plan, items: Iterable[Any],
-                 key_fn: KeyFn | None = None, spread: list[Plan] | None = None
-                 ) -> list[str]:
+                 key_fn: KeyFn | None = None, spread: list[Plan] | None = None,
+                 group_fn: GroupFn | None = None) -> list[str]:
     if c.otel is not None:  # traced (batchq.ops.otel): the same writes, in one send span
         with c.otel.send(p) as sent:
-            return sent.many(_enqueue_many(c, p, items, key_fn, spread))
-    return _enqueue_many(c, p, items, key_fn, spread)
+            return sent.many(_enqueue_many(c, p, items, key_fn, spread, group_fn))
+    return _enqueue_many(c, p, items, key_fn, spread, group_fn)
 
 
 def _enqueue_many(c: Clients, p: Plan, items: Iterable[Any],
-                  key_fn: KeyFn | None = None, spread: list[Plan] | None = None
-                  ) -> list[str]:
+                  key_fn: KeyFn | None = None, spread: list[Plan] | None = None,
+                  group_fn: GroupFn | None = None) -> list[str]:
     """``spread``: the plans of a sharded queue's shards, written to chunk by chunk in
-    turn (``p`` is then ignored)."""
+    turn (``p`` is then ignored); ``group_fn``: each row's group (``chunks.Stream``)."""
     plans = spread or [p]
-    st = Stream([(x, SeqSource(c, x.keys, want=CHUNK)) for x in plans], key_fn)
+    st = Stream([(x, SeqSource(c, x.keys, want=CHUNK)) for x in plans], key_fn, group_fn)
     flight = _InFlight()
 
     def on(op: Local) -> None:
@@ -421,17 +423,17 @@ async def _aput(c: Clients, p: Plan, e: bytes) -> None:
 
 
 async def aenqueue_many(c: Clients, p: Plan, items: Iterable[Any],
-                        key_fn: KeyFn | None = None, spread: list[Plan] | None = None
-                        ) -> list[str]:
+                        key_fn: KeyFn | None = None, spread: list[Plan] | None = None,
+                        group_fn: GroupFn | None = None) -> list[str]:
     if c.otel is not None:  # traced (batchq.ops.otel): the same writes, in one send span
         with c.otel.send(p) as sent:
-            return sent.many(await _aenqueue_many(c, p, items, key_fn, spread))
-    return await _aenqueue_many(c, p, items, key_fn, spread)
+            return sent.many(await _aenqueue_many(c, p, items, key_fn, spread, group_fn))
+    return await _aenqueue_many(c, p, items, key_fn, spread, group_fn)
 
 
 async def _aenqueue_many(c: Clients, p: Plan, items: Iterable[Any],
-                         key_fn: KeyFn | None = None, spread: list[Plan] | None = None
-                         ) -> list[str]:
+                         key_fn: KeyFn | None = None, spread: list[Plan] | None = None,
+                         group_fn: GroupFn | None = None) -> list[str]:
     items = list(items)  # its length: the sequence numbers are reserved up front
     plans = spread or [p]
     n_chunks = -(-len(items) // CHUNK)
@@ -441,7 +443,7 @@ async def _aenqueue_many(c: Clients, p: Plan, items: Iterable[Any],
         mine = sum(min(CHUNK, len(items) - j * CHUNK) for j in range(i, n_chunks, len(plans)))
         sources.append((x, SeqSource(c, x.keys, await areserve(c, x.keys, mine)
                                      if mine else [])))
-    st = Stream(sources, key_fn)
+    st = Stream(sources, key_fn, group_fn)
 
     async def on(op: Local) -> None:
         if isinstance(op, _Send):

@@ -164,6 +164,13 @@ def _entry_seq(head: bytes, entry: bytes) -> int | None:
     return codec.seq_of(entry[start:entry.index(b":", start)].decode())
 
 
+def run_first(head: bytes, first: bytes, last: bytes, n: int) -> int | None:
+    """The number of ``first`` when the ``n`` entries from ``first`` to ``last`` have
+    consecutive numbers (read from those two only), else None."""
+    a, b = _entry_seq(head, first), _entry_seq(head, last)
+    return a if a is not None and b is not None and b - a + 1 == n else None
+
+
 def entry_runs(head: bytes, entries: list[bytes]) -> str:
     """The sequence numbers of ``entries`` (all starting with ``head``) as runs for
     enqueue.lua; one run when they are consecutive (the common case, read from the

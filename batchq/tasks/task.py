@@ -16,7 +16,7 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
 from ..produce import producer, tracked
 from ..produce.plan import Plan
-from ..produce.producer import EnqueueOptions, KeyFn
+from ..produce.producer import EnqueueOptions, GroupFn, KeyFn
 from ..store import codec, shards
 from ..store.clients import Clients
 from ..store.keys import MAX_PRIORITY, split_shard
@@ -211,16 +211,23 @@ class _Enqueuer:
             k = self._task.app.clients.shards.turn(queue, n)
         return shards.shard_name(queue, k)
 
-    def _many(self, key_fn: KeyFn | None) -> tuple[Plan, list[Plan] | None]:
+    def _many(self, key_fn: KeyFn | None, group_fn: GroupFn | None = None
+              ) -> tuple[Plan, list[Plan] | None]:
         if self._opts.key is not None:
             raise ValueError(f"options(key={self._opts.key!r}) names one job: give "
                              "enqueue_many a key_fn (one key per item) instead")
         if key_fn is not None and not callable(key_fn):
             raise TypeError(f"key_fn must be callable, got {key_fn!r}")
-        p = self._plan(keyed=key_fn is not None)
+        if group_fn is not None and not callable(group_fn):
+            raise TypeError(f"group_fn must be callable, got {group_fn!r}")
         c, o = self._task.config, self._opts
         queue = c.queue if o.queue is None else o.queue
         n = self._count(queue) if isinstance(queue, str) else 1
+        if group_fn is not None and n > 1:
+            raise ValueError(f"queue {queue!r} is sharded (shards={n}): enqueue_many with "
+                             "group_fn is not supported there (each group lives in its own "
+                             "shard); enqueue each group's jobs with options(group=...)")
+        p = self._plan(keyed=key_fn is not None)
         if n == 1 or o.group is not None:
             return p, None
         # chunks go to the shards in turn, starting at this process's next one
@@ -233,28 +240,35 @@ class _Enqueuer:
         return producer.enqueue(self._task.app.clients, self._plan(), args, kwargs,
                                 key=self._opts.key)
 
-    def enqueue_many(self, items: Iterable[Any], *, key_fn: KeyFn | None = None
-                     ) -> list[str]:
+    def enqueue_many(self, items: Iterable[Any], *, key_fn: KeyFn | None = None,
+                     group_fn: GroupFn | None = None) -> list[str]:
         """Write many jobs, streamed in pipelined chunks; returns their ids in order.
 
         Each item is a tuple or list of positional arguments, a dict of keyword
         arguments, a ``batchq.call(*args, **kwargs)``, or else one positional argument.
         ``key_fn(item)`` gives each job's dedup key (or None): an item whose key is held
         is not written and its place in the result has the holder's id.
+        ``group_fn(item)`` gives each job's group (a str; None: the group of
+        ``options(group=...)``, or none): the jobs of many groups go in one call, each
+        chunk of 1,000 in one script call whatever its groups, exactly as one
+        ``options(group=g).enqueue_many`` per group would write them (not on a sharded
+        queue).
         """
-        p, spread = self._many(key_fn)
-        return producer.enqueue_many(self._task.app.clients, p, items, key_fn, spread)
+        p, spread = self._many(key_fn, group_fn)
+        return producer.enqueue_many(self._task.app.clients, p, items, key_fn, spread,
+                                     group_fn)
 
     async def aenqueue(self, *args: Any, **kwargs: Any) -> str:
         """``enqueue`` for asyncio code."""
         return await producer.aenqueue(self._task.app.clients, self._plan(), args, kwargs,
                                        key=self._opts.key)
 
-    async def aenqueue_many(self, items: Iterable[Any], *, key_fn: KeyFn | None = None
-                            ) -> list[str]:
+    async def aenqueue_many(self, items: Iterable[Any], *, key_fn: KeyFn | None = None,
+                            group_fn: GroupFn | None = None) -> list[str]:
         """``enqueue_many`` for asyncio code."""
-        p, spread = self._many(key_fn)
-        return await producer.aenqueue_many(self._task.app.clients, p, items, key_fn, spread)
+        p, spread = self._many(key_fn, group_fn)
+        return await producer.aenqueue_many(self._task.app.clients, p, items, key_fn,
+                                            spread, group_fn)
 
     def options(
         self,

@@ -9,10 +9,14 @@ start-up, the drain and the exit all count), reading the worker's CPU time from 
 (``used_cpu_user + used_cpu_sys`` before the spawn and after the exit). Cases:
 
 * plain: one ``enqueue_many``;
-* groups: the same rows over ``--groups`` groups (one ``enqueue_many`` per group);
+* groups: the same rows over ``--groups`` groups (one ``enqueue_many`` with
+  ``group_fn``; a tree without ``group_fn``, ``--before``, makes one call per group);
 * groups + a ``limit(group="*", rate_per_s=1_000_000)`` that never binds;
 * campaign + a dedup key per job (``key_fn``: the email), no groups;
-* the fan-out: groups, the ``"*"`` limit, the campaign and the keys together.
+* the fan-out: groups, the ``"*"`` limit, the campaign and the keys together;
+* beside them, the fan-out's enqueue alone as written before ``group_fn``, one
+  ``options(group=g).enqueue_many`` per group (timed, not drained; its figures in each
+  repeat's floor record, ``fanout_loop``), so the gain of one call is visible.
 
 The cases take turns inside each repeat (the order turns each repeat, so a drift in
 the machine's load favours none); every ratio is taken within one repeat, then the
@@ -63,6 +67,8 @@ class Case:
     limit: bool = False
     campaign: bool = False
     keys: bool = False
+    loop: bool = False
+    """One ``enqueue_many`` per group (not ``group_fn``); its jobs are not drained."""
 
 
 CASES = (
@@ -74,6 +80,10 @@ CASES = (
     Case("the fan-out: groups + \"*\" limit + campaign + keys", groups=True, limit=True,
          campaign=True, keys=True),
 )
+
+LOOP = Case("fan-out enqueue, one call per group (enqueue only, not drained)", groups=True,
+            limit=True, campaign=True, keys=True, loop=True)
+"""The fan-out's fill as written before ``group_fn``: an extra row beside the cases."""
 
 
 def rows(n: int) -> list[tuple[int, str]]:
@@ -95,10 +105,13 @@ def fill(ctx: Context, case: Case, n: int, groups: int) -> tuple[float, Any]:
                                            else None)
     per = -(-n // groups)
     with timed() as el:
-        if case.groups:
+        if case.groups and case.loop:
             for g in range(groups):
                 noop.options(group=f"g{g}", **opts).enqueue_many(
                     items[g * per:(g + 1) * per], key_fn=key_fn)
+        elif case.groups:
+            noop.options(**opts).enqueue_many(items, key_fn=key_fn,
+                                              group_fn=lambda row: f"g{row[0] // per}")
         else:
             noop.options(**opts).enqueue_many(items, key_fn=key_fn)
     if camp is not None:
@@ -109,11 +122,11 @@ def fill(ctx: Context, case: Case, n: int, groups: int) -> tuple[float, Any]:
 
 
 FILL_CODE = """
-import json, sys, time, uuid
+import inspect, json, sys, time, uuid
 from bench.apps import QUEUE, make_app
 url, ns, n, groups, flags, rate = sys.argv[1:7]
 n, groups, rate = int(n), int(groups), float(rate)
-grouped, limit, campaign, keys = (f == "1" for f in flags)
+grouped, limit, campaign, keys, loop = (f == "1" for f in flags)
 app = make_app(url, ns)
 q = app.queue(QUEUE)
 q.remove_limit("*")
@@ -124,8 +137,13 @@ opts = {"campaign": camp} if camp is not None else {}
 tag = uuid.uuid4().hex[:8]
 key_fn = (lambda row: f"{tag}:{row[1]}") if keys else None
 per = -(-n // groups)
+# a tree without group_fn (before it was added) makes one call per group
+loop = loop or "group_fn" not in inspect.signature(noop.enqueue_many).parameters
 t0 = time.perf_counter()
-if grouped:
+if grouped and not loop:
+    noop.options(**opts).enqueue_many(items, key_fn=key_fn,
+                                      group_fn=lambda row: f"g{row[0] // per}")
+elif grouped:
     for g in range(groups):
         noop.options(group=f"g{g}", **opts).enqueue_many(items[g * per:(g + 1) * per],
                                                         key_fn=key_fn)
@@ -148,7 +166,7 @@ def fill_in(ctx: Context, tree: Path, case: Case, n: int, groups: int) -> tuple[
     campaign or None)."""
     ctx.reset()
     flags = "".join("1" if f else "0" for f in (case.groups, case.limit, case.campaign,
-                                                 case.keys))
+                                                 case.keys, case.loop))
     out = subprocess.run([sys.executable, "-c", FILL_CODE, ctx.url, ctx.namespace, str(n),
                           str(groups), flags, str(LIMIT_RATE)], cwd=tree,
                          env=worker_env(ctx, tree), check=True, capture_output=True,
@@ -169,6 +187,9 @@ def drain_once(ctx: Context, case: Case, n: int, groups: int,
         enqueue_s, camp = fill(ctx, case, n, groups)
     else:
         enqueue_s, camp = fill_in(ctx, tree, case, n, groups)
+    if case.loop:  # the enqueue alone: its jobs are dropped with the next reset
+        ctx.app.queue(QUEUE).remove_limit("*")
+        return {"jobs": n, "enqueue_s": enqueue_s, "enqueue_jobs_per_s": n / enqueue_s}
     ctx.client.config_resetstat()
     cpu0 = _server_cpu_s(ctx)
     try:
@@ -258,6 +279,9 @@ def run_fanout_drain(ctx: Context, rec: dict[str, Any], *, jobs: int, repeat: in
                                        *WORKER_FLAGS]})
            for label, tree in trees for k, (name, c) in enumerate(zip(names, CASES,
                                                                         strict=True))}
+    loops = {label: Row(f"{label}{LOOP.name}", {"jobs": jobs, "groups": groups,
+                                               "tree": str(tree or REPO_ROOT)})
+             for label, tree in trees}
     push = Row(f"floor: RPUSH {FLOOR_CHUNK:,} msgpack values per command", {"jobs": jobs})
     pop = Row(f"floor: LPOP {FLOOR_CHUNK:,} + msgpack decode, in Python", {"jobs": jobs})
     for _, tree in trees:  # untimed: bytecode and page caches
@@ -275,9 +299,15 @@ def run_fanout_drain(ctx: Context, rec: dict[str, Any], *, jobs: int, repeat: in
             add_figures(row, got[label, k], got[label, 0])
             if label == "" and before is not None:
                 for key, ratio in BEFORE_FIGURES:
-                    row.add(ratio, got[label, k][key] / got["before: ", k][key])
+                    if key in got[label, k]:
+                        row.add(ratio, got[label, k][key] / got["before: ", k][key])
+        loop = {label: drain_once(ctx, LOOP, jobs, groups, tree) for label, tree in trees}
+        for label, row in loops.items():
+            add_figures(row, loop[label], got[label, 0])
+            fan = got[label, len(CASES) - 1]["enqueue_jobs_per_s"]
+            row.add("fan-out enqueue ÷ this", fan / loop[label]["enqueue_jobs_per_s"])
         f = floor_once(ctx, jobs)
-        rec["runs"].append({"case": "floor", "repeat": i, **f})
+        rec["runs"].append({"case": "floor", "repeat": i, **f, "fanout_loop": loop})
         add_figures(push, f["rpush"], got["", 0])
         add_figures(pop, f["lpop"], got["", 0])
     ctx.client.delete(f"{ctx.namespace}:floor")
@@ -291,4 +321,4 @@ def run_fanout_drain(ctx: Context, rec: dict[str, Any], *, jobs: int, repeat: in
         ctx.notes.append(f"before: rows run from {before} (fill and worker), alternating "
                          "with this checkout inside each turn; ÷ before: within each "
                          "repeat, then the median.")
-    return [*out.values(), push, pop]
+    return [*out.values(), *loops.values(), push, pop]

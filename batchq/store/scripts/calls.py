@@ -44,7 +44,7 @@ KEY_ORDER: dict[str, tuple[str, ...]] = {
     "release": ("reserved", "inflight", "wake", *_READY_ALL, "started", "pending",
                 *_GROUPS, "stats", "bundles", *_EVENTS),
     "enqueue_group": (*_GROUPS, "limits", "delayed", "wake", "inflight", "stats",
-                      "pending", *_WAIT),
+                      "pending", *_WAIT, "ready"),
     "enqueue_tracked": ("ready", "delayed", "wake", "inflight", "stats", *_TRACKED,
                         "pending", *_WAIT, *_GROUPS, "limits", "replace", "expires"),
     "campaign_queue": ("campaigns", "reserved", "jobmeta", *_EVENTS),
@@ -134,8 +134,25 @@ def enqueue_group(k: QueueKeys, group_hex: str, priority: int, mode: str, when_m
                   entries: Sequence[bytes], *, check: bool, runs: str = "") -> Call:
     """Write jobs of one group (``mode`` ``"ready"``, ``"rel"`` or ``"abs"`` as in
     ``enqueue_tracked``) within its quota; replies -2 when it would exceed it."""
-    return Call("enqueue_group", _keys("enqueue_group", k),
+    return Call("enqueue_group", _keys("enqueue_group", k, priority),
                 ["1" if check else "0", mode, when_ms, group_hex, priority, runs, *entries])
+
+
+def enqueue_groups(k: QueueKeys, groups: str, priority: int, mode: str, when_ms: int,
+                   entries: Sequence[bytes], *, check: bool, runs: str = "") -> Call:
+    """``enqueue_group`` for the rows of several groups in one call (``enqueue_many``'s
+    ``group_fn``): ``groups`` gives the rows' groups as runs in row order,
+    ``"<hex>:<count>,..."`` (``group_runs``; an empty hex: rows without a group, pushed
+    to the ready list). Each group's quota is checked first; replies ``[-2, hex]``
+    naming the first group it would exceed (nothing written), else the jobs written."""
+    return Call("enqueue_group", _keys("enqueue_group", k, priority),
+                ["1" if check else "0", mode, when_ms, groups, priority, runs, *entries])
+
+
+def group_runs(groups: Sequence[str]) -> str:
+    """The runs ``"<hex>:<count>,..."`` of the rows' groups (hex, "" for none), in row
+    order, as ``enqueue_groups`` and ``enqueue_tracked(groups=...)`` take them."""
+    return ",".join(f"{g}:{sum(1 for _ in run)}" for g, run in itertools.groupby(groups))
 
 
 def reserve(k: QueueKeys, n: int) -> Call:
@@ -154,16 +171,22 @@ def schedule(k: QueueKeys, priority: int, mode: str, when_ms: int,
 def enqueue_tracked(k: QueueKeys, priority: int, mode: str, when_ms: int, campaign: str,
                     key_ttl_ms: int, trim: int, pairs: Sequence[bytes | str], *,
                     check: bool, on_conflict: str = "keep", scan: int = 1000,
-                    expiry: str = "") -> Call:
+                    expiry: str = "", groups: str = "", first_seq: int | None = None
+                    ) -> Call:
     """Write tracked jobs: ``pairs`` is (entry, dedup key or "") flattened; ``mode``
     ``"ready"``, ``"rel"`` or ``"abs"`` (then ``when_ms`` is the delay or due time);
     ``campaign`` "" for none; ``trim``: lapsed dedup keys dropped at most;
     ``on_conflict``: ``"keep"``, ``"replace"`` or ``"debounce"``; ``scan``: ready-list
     entries searched at most for a job to replace; ``expiry``: the jobs' deadline
-    (``options.expiry_spec``), "" for none."""
+    (``options.expiry_spec``), "" for none; ``groups``: the rows' groups as runs
+    (``group_runs``) for a call of several groups, "" when all rows are of the group in
+    their ids, or of none; ``first_seq``: the first row's sequence number when the
+    rows' numbers run on one by one (``seqs.run_first``), so the script reads no id for
+    the waiting bits."""
     return Call("enqueue_tracked", _keys("enqueue_tracked", k, priority),
                 ["1" if check else "0", mode, when_ms, campaign, key_ttl_ms, trim,
-                 on_conflict, scan, expiry, *pairs])
+                 on_conflict, scan, expiry, groups,
+                 "" if first_seq is None else first_seq, *pairs])
 
 
 def campaign_queue(k: QueueKeys, campaign: str, mode: str, generation: str = "",

@@ -36,13 +36,21 @@
 --          the campaign's ("<campaign>:e" in the campaigns hash, campaign_queue.lua)
 -- ARGV[9]  the jobs' expiry: "r<ms>" (after the server's now), "a<Unix ms>", then "k"
 --          (kept in dead once expired); "" for none
--- ARGV[10..] pairs: encoded job (id ending "_m"), dedup key ("" for none); at most 1000
+-- ARGV[10] "" when the call's jobs are of one group (read from the first id) or none;
+--          for a call of several groups (enqueue_many's group_fn), the rows' groups as
+--          runs in row order "<g>:<count>,<g>:<count>,..." ("<g>" empty: rows without a
+--          group, written to the ready list): each group's quota is checked, its rows
+--          written and its count raised as a one-group call would
+-- ARGV[11] the first row's sequence number when the rows' numbers run on from it one
+--          by one (each ready row's bit is then found without reading its id), else ""
+-- ARGV[12..] pairs: encoded job (id ending "_m"), dedup key ("" for none); at most 1000
 -- Returns  {0, written, position, id, position, id, ...}: the 1-based positions of jobs
 --          not written because their key is held (kept or replaced), and the id
 --          holding it; or {1} when
 --          the campaign is not open on this queue yet (join it first), {2, flag} when
 --          it is closed here (sealed, cancelled or done): nothing is written; -2 when
---          the jobs would take their group past its max_pending: nothing is written.
+--          the jobs would take their group past its max_pending: nothing is written
+--          (several groups: {-2, g}, g the first group that would).
 --          A campaign not open here is no refusal when every row has a key and every
 --          key is held: the call writes nothing and answers {0, 0, 1, id, 2, id, ...}.
 local ready = KEYS[1]
@@ -71,7 +79,8 @@ local cid = ARGV[4]
 local ttl = ARGV[5]
 local conflict = ARGV[7]
 local scan = tonumber(ARGV[8])
-local P0 = 9  -- ARGV[P0 + 2 * i - 1], ARGV[P0 + 2 * i]: row i's entry and key
+local P0 = 11  -- ARGV[P0 + 2 * i - 1], ARGV[P0 + 2 * i]: row i's entry and key
+local multi = ARGV[10] ~= ''
 
 -- a campaign not open here refuses the call, unless the call would write nothing: every
 -- row keyed and every key held (a producer run again after the campaign closed)
@@ -104,8 +113,9 @@ local lapsed_keys = {}  -- keys whose holder finished more than its ttl ago: fre
 if nk > 0 then
   local holders = redis.call('HMGET', dedup, unpack(keys))
   local held = {}
-  for j, key in ipairs(keys) do
-    if holders[j] then held[#held + 1] = key; hold[key] = holders[j] end
+  for j = 1, nk do
+    local h = holders[j]
+    if h then held[#held + 1] = keys[j]; hold[keys[j]] = h end
   end
   if #held > 0 then
     local lapses = redis.call('ZMSCORE', dedup_exp, unpack(held))
@@ -116,6 +126,32 @@ if nk > 0 then
       end
     end
   end
+end
+
+-- several groups: the first of `order` that `per` more jobs would take past its
+-- max_pending (one HMGET of the limits, one of the capped groups' counts), or nil
+local function quotas_over(order, per)
+  if #order == 0 then return nil end
+  local f = {}
+  for i, x in ipairs(order) do f[i] = x end
+  f[#f + 1] = '*'
+  local lv = redis.call('HMGET', limits, unpack(f))
+  local any = limit_of(lv[#f])
+  local capped, caps, nf = {}, {}, {}
+  for i, x in ipairs(order) do
+    local lim = limit_of(lv[i]) or any
+    if lim and lim.max then
+      capped[#capped + 1] = x
+      caps[#capped] = lim.max
+      nf[#capped] = x .. ':n'
+    end
+  end
+  if #capped == 0 then return nil end
+  local nv = redis.call('HMGET', gstate, unpack(nf))
+  for i, x in ipairs(capped) do
+    if (tonumber(nv[i]) or 0) + per[x] > caps[i] then return x end
+  end
+  return nil
 end
 
 local out, nout = {0, 0}, 2
@@ -131,6 +167,19 @@ if refused then
 end
 local entries, metas, claims, seqs = {}, {}, {}, {}
 local ne, nm, nc, ns = 0, 0, 0, 0
+-- several groups: the runs of the rows' groups, each written row's group (wg), the
+-- groups in order of first written row and their written rows (per)
+local runs, wg, order, per = {}, {}, {}, {}
+local hc  -- the position of the ':' before the ids (the rows' shared header)
+local seq0 = tonumber(ARGV[11])  -- row pos's sequence number is seq0 + pos
+if seq0 then seq0 = seq0 - 1 end
+local run, left, cur = -1, 0, ''
+if multi then
+  for rg, c in string.gmatch(ARGV[10], '(%x*):(%d+)') do
+    runs[#runs + 1] = rg
+    runs[#runs + 1] = tonumber(c)
+  end
+end
 local ready_mode = mode == 'ready'
 local prefix = cid .. '\n' .. ttl .. '\n'  -- every jobmeta entry of the call starts so
 
@@ -175,15 +224,88 @@ local function take_over(holder, key, e)
   return true
 end
 
+-- The 256 two-digit hex strings, "00" .. "ff" (index x + 1 for x).
+local function hex_pairs()
+  local h = {'0', '1', '2', '3', '4', '5', '6', '7', '8', '9', 'a', 'b', 'c', 'd', 'e', 'f'}
+  local t = {}
+  for a = 1, 16 do
+    local ha = h[a]
+    for b = 1, 16 do t[16 * (a - 1) + b] = ha .. h[b] end
+  end
+  return t
+end
+
+-- several groups, ready: the grouped rows written in one ZADD (positions in row order:
+-- FIFO inside each group), the others in one RPUSH; the groups not in the rotation nor
+-- waiting join it at its front (gwake, for all of them at once)
+local function push_groups(p)
+  local zs, plain = {}, {}
+  local ng = 0
+  for _, x in ipairs(order) do ng = ng + per[x] end
+  if ng > 0 then
+    -- positions (13 hex digits) as 11 digits made per 256 rows and the last two
+    -- looked up: a string.format per row was a tenth of the call
+    local pos = GPOS0 + redis.call('HINCRBY', gstate, 'pos', ng) - ng + 1
+    local lo = hex_pairs()
+    local low = pos % 256
+    local hiv = (pos - low) / 256
+    local fmt, hi = string.format, string.format('%011x', hiv)
+    local last, lg, pre, nz = 9 - p, nil, nil, 0
+    for j = 1, ne do
+      local x = wg[j]
+      if x == '' then
+        plain[#plain + 1] = entries[j]
+      else
+        if x ~= lg then lg, pre = x, x .. '~' .. last end
+        zs[nz + 1] = '0'
+        zs[nz + 2] = pre .. hi .. lo[low + 1] .. entries[j]
+        nz = nz + 2
+        low = low + 1
+        if low == 256 then low, hiv = 0, hiv + 1; hi = fmt('%011x', hiv) end
+      end
+    end
+    redis.call('ZADD', gready, unpack(zs))
+    local in_rot = redis.call('ZMSCORE', groups, unpack(order))
+    local waiting = redis.call('ZMSCORE', gwait, unpack(order))
+    local add, vt = {}, nil
+    for i, x in ipairs(order) do
+      if not in_rot[i] and not waiting[i] then
+        vt = vt or gvt(groups, gstate)
+        add[#add + 1] = vt
+        add[#add + 1] = x
+      end
+    end
+    if #add > 0 then redis.call('ZADD', groups, unpack(add)) end
+  else
+    plain = entries
+  end
+  if #plain > 0 then redis.call('RPUSH', ready, unpack(plain)) end
+end
+
 for pos = 1, n do
   local e, key = ARGV[P0 - 1 + 2 * pos], ARGV[P0 + 2 * pos]
-  -- the id: the fourth header field (the producer wrote the entry; no pattern needed)
-  local a = string.find(e, ':', 1, true)
-  local b = a and string.find(e, ':', a + 1, true)
-  local c = b and string.find(e, ':', b + 1, true)
-  local d = c and string.find(e, ':', c + 1, true)
+  if multi then
+    while left == 0 do
+      run = run + 2
+      cur, left = runs[run], runs[run + 1]
+      if not cur then return redis.error_reply('ERR group runs shorter than the rows') end
+    end
+    left = left - 1
+  end
+  -- the id: the fourth header field (the producer wrote the entry; no pattern needed).
+  -- A call's rows share one header (priority, attempt, max attempts), so the id
+  -- starts where the last row's did when the byte before it is that row's ':'.
+  local c, d = hc, nil
+  if c and string.byte(e, c) == 58 then d = string.find(e, ':', c + 1, true) end
   if not d or d == c + 1 then
-    return redis.error_reply('ERR malformed entry at position ' .. pos)
+    local a = string.find(e, ':', 1, true)
+    local b = a and string.find(e, ':', a + 1, true)
+    c = b and string.find(e, ':', b + 1, true)
+    d = c and string.find(e, ':', c + 1, true)
+    if not d or d == c + 1 then
+      return redis.error_reply('ERR malformed entry at position ' .. pos)
+    end
+    hc = c
   end
   local id = string.sub(e, c + 1, d - 1)
   local write = not (check and redis.call('HEXISTS', jobmeta, id) == 1)
@@ -212,12 +334,19 @@ for pos = 1, n do
   if write then
     ne = ne + 1
     entries[ne] = e
+    if multi then
+      wg[ne] = cur
+      if cur ~= '' then
+        if not per[cur] then order[#order + 1] = cur; per[cur] = 0 end
+        per[cur] = per[cur] + 1
+      end
+    end
     if conflict ~= 'keep' and key ~= '' then swapped[key] = ne end
     metas[nm + 1] = id
     metas[nm + 2] = key == '' and prefix or prefix .. key
     nm = nm + 2
     if ready_mode then
-      local s = seq_of(id)
+      local s = seq0 and seq0 + pos or seq_of(id)
       if s then ns = ns + 1; seqs[ns] = s end
     end
   end
@@ -240,8 +369,11 @@ if ne == 0 then
 end
 
 -- a group: its quota first (nothing is written past it)
-local g = string.find(metas[1], '~', 1, true) and group_of(metas[1])
-if g then
+local g = not multi and string.find(metas[1], '~', 1, true) and group_of(metas[1])
+if multi then
+  local over = quotas_over(order, per)
+  if over then return {-2, over} end
+elseif g then
   local lim = limit_of(redis.call('HGET', limits, g)) or limit_of(redis.call('HGET', limits, '*'))
   if lim and lim.max
       and tonumber(redis.call('HGET', gstate, g .. ':n') or '0') + ne > lim.max then
@@ -250,7 +382,9 @@ if g then
 end
 
 if ready_mode then
-  if g then
+  if multi then
+    push_groups(tonumber(string.sub(entries[1], 1, 1)))
+  elseif g then
     gpush_tail(gready, gstate, g, tonumber(string.sub(entries[1], 1, 1)), entries, 1)
     gwake(groups, gwait, gstate, g)
   else
@@ -287,6 +421,7 @@ if cid ~= '' then
   redis.call('HINCRBY', campaigns, cid .. ':p', ne)
 end
 if g then redis.call('HINCRBY', gstate, g .. ':n', ne) end
+if multi then gadd(gstate, order, per, ':n') end
 leave_wake_token(wake)
 out[2] = ne
 return out
