@@ -87,9 +87,10 @@ def test_an_ack_settles_every_jobmeta_shape_once(redis_client, s, k):
                                              [entry(jid), key], check=False))
         assert reply[:2] == [0, 1]
     r.hset(k.jobmeta, "d_m", "c\n")  # an entry with no ttl and no key: counted, no lapse
-    jobs = _pop(s, k, 4)
-    leases = [e.split(b":", 4)[3] + b":" + e.split(b":", 4)[1] for e in jobs]
-    assert len(leases) == 4
+    res = decode_pop_reply(s.call(calls.pop(k, 4, 30_000, 100, bundle=True)))
+    name, n = res.bundle  # tracked jobs are bundled: leases "<bundle><position>"
+    assert int(n) == 4 and len(res.jobs) == 4
+    leases = [name + p.to_bytes(2, "big") for p in range(1, 5)]
     now = server_ms(r)
     assert s.call(calls.ack(k, leases)) == []
     assert s.call(calls.ack(k, leases)) == [1, 2, 3, 4]  # stale: nothing counted again

@@ -230,13 +230,14 @@ def test_no_bundle_under_a_queue_concurrency_limit(redis_client, s, k):
 
 
 @pytest.mark.parametrize("prio", [0, 9])
-def test_tracked_jobs_keep_leases_of_their_own(redis_client, s, k, prio):
-    redis_client.rpush(k.ready_for(prio), entry("p1", prio), entry("c_m", prio),
-                       entry("p2", prio))
-    _, jobs, rest = bpop(s, k, 3)
-    assert jobs == [entry("p1", prio), entry("p2", prio)]
-    assert rest == [with_attempt(entry("c_m", prio), 1)]
-    assert redis_client.zscore(k.reserved, "c_m:1") is not None
+def test_tracked_jobs_join_the_bundle(redis_client, s, k, prio):
+    # (campaign and dedup-key jobs: settled by id wherever a bundle job ends,
+    # tests/campaigns/test_bundled_tracked_script.py)
+    es = [entry("p1", prio), entry("c_m", prio), entry("p2", prio)]
+    redis_client.rpush(k.ready_for(prio), *es)
+    b, jobs, rest = bpop(s, k, 3)
+    assert b is not None and jobs == es and rest == []
+    assert not redis_client.exists(k.reserved)
 
 
 def test_a_retried_enqueue_finds_its_first_job_running_in_a_bundle(redis_client, s, k):

@@ -1,6 +1,7 @@
--- _bundles.lua: the plain jobs of one pop leased together.
+-- _bundles.lua: the jobs of one pop leased together.
 
--- Bundles (pop.lua, ARGV[6]): the plain jobs of one pop leased together. One member
+-- Bundles (pop.lua, ARGV[6]): the jobs of one pop leased together (tracked ones too:
+-- settled by id, read from the entries; grouped ones never). One member
 -- ":b<n>.<ms>" in the bundles zset (its deadline; apart from the reserved zset, so a
 -- worker from before bundles, whose reaper reads only reserved, never takes one), and
 -- two fields of that name in the inflight hash: the name itself holds the entries as
@@ -62,6 +63,46 @@ local function bundle_job(bd, p)
   return id, e, raw
 end
 
+-- Does bundle state bd hold tracked jobs (ids ending "_m": campaign members, dedup
+-- keys)? Found once per bundle per call (bd[4]) by one plain find of "_m:" in its
+-- packed entries (an id is followed by ":", and has none itself), so a bundle of plain
+-- jobs is never unpacked for it; a body that spells "_m:" costs an unpack, no more.
+local function bundle_tracked(bd)
+  local t = bd[4]
+  if t == nil then
+    t = type(bd[1]) ~= 'string' or string.find(bd[1], '_m:', 1, true) ~= nil
+    bd[4] = t
+  end
+  return t
+end
+
+-- The entries of bundle state bd as popped, unpacked once per call (bd[5]; bd[1] stays
+-- as it is: packed, for the events).
+local function bundle_entries(bd)
+  local es = bd[5]
+  if not es then
+    es = type(bd[1]) == 'string' and cmsgpack.unpack(bd[1]) or bd[1]
+    bd[5] = es
+  end
+  return es
+end
+
+-- The ids of the tracked jobs at positions ps of bundle state bd, appended to out (one
+-- match a job: its header was checked when it was popped; three plain finds and a sub
+-- cost this loop about half as much again).
+local function bundle_tracked_ids(bd, ps, out)
+  local es = bundle_entries(bd)
+  local match = string.match
+  local n = #out
+  for _, p in ipairs(ps) do
+    local id = match(es[p], '^%d:%d+:%d+:([^:]*_m):')
+    if id then
+      n = n + 1
+      out[n] = id
+    end
+  end
+end
+
 -- Write back what a call settled: each bundle of `cache` keeps its new mask, or goes
 -- (its bundles member, both fields) with its last job; the stats field "bundled" (the
 -- running jobs of live bundles) follows, so a reader counts reserved jobs as
@@ -111,3 +152,30 @@ local function is_running(inflight, id)
   return false
 end
 
+-- Which of `ids` are running jobs of live bundles: id -> true. One pass over the
+-- bundles' fields of inflight (HSCAN, at most 10,000 fields read, as is_running); a
+-- bundle without its mask counts all its jobs running (bundle_state). For the expiry
+-- sweep (_expiry.lua), never a hot path.
+local function bundled_running(inflight, ids)
+  local want, found = {}, {}
+  for _, id in ipairs(ids) do want[id] = true end
+  local cursor, looked = '0', 0
+  repeat
+    local r = redis.call('HSCAN', inflight, cursor, 'MATCH', ':b*', 'COUNT', 100)
+    cursor = r[1]
+    local kv = r[2]
+    for i = 1, #kv, 2 do
+      local es = string.byte(kv[i], -1) ~= 126 and cmsgpack.unpack(kv[i + 1])
+      local mask
+      for pos, e in ipairs(type(es) == 'table' and es or {}) do
+        local _, _, _, jid = header(e)
+        if jid and want[jid] then
+          mask = mask or redis.call('HGET', inflight, kv[i] .. '~') or ''
+          if mask == '' or string.byte(mask, pos) == 48 then found[jid] = true end
+        end
+      end
+    end
+    looked = looked + 100
+  until cursor == '0' or looked >= 10000
+  return found
+end

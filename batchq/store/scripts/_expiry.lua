@@ -35,8 +35,8 @@ end
 
 -- The sweep: at most `most` members due at `now`. A job not settled (its jobmeta entry
 -- is there) gets its expired tombstone (HSETNX: a cancel's stays); one running now (its
--- in-flight entry is there) is also looked at again at now + `recheck` ("~<id>"), so
--- its tombstone goes once it is settled. True when `most` members were due: the caller
+-- in-flight entry is there, or it runs in a bundle: bundled_running) is also looked at
+-- again at now + `recheck` ("~<id>"), so its tombstone goes once it is settled. True when `most` members were due: the caller
 -- pops nothing this call (a job past its deadline might not be tombstoned yet).
 local function expiry_sweep(expires, cancel, jobmeta, inflight, now, most, recheck)
   local due = redis.call('ZRANGEBYSCORE', expires, '-inf', now, 'LIMIT', 0, most)
@@ -59,10 +59,15 @@ local function expiry_sweep(expires, cancel, jobmeta, inflight, now, most, reche
   end
   if #live > 0 then
     local running = redis.call('HMGET', inflight, unpack(live))
+    local rest = {}  -- not leased on their own: running in a bundle, or waiting
+    for j, id in ipairs(live) do
+      if not running[j] then rest[#rest + 1] = id end
+    end
+    local bundled = #rest > 0 and bundled_running(inflight, rest) or {}
     local later = {}
     for j, id in ipairs(live) do
       if tomb[id] then redis.call('HSETNX', cancel, id, tomb[id]) end
-      if running[j] then
+      if running[j] or bundled[id] then
         later[#later + 1] = now + recheck
         later[#later + 1] = '~' .. id
       end

@@ -199,8 +199,9 @@ local function reserve_job(c, e, p, a, id)
   c.ids[#c.ids + 1] = id
   local q = seq_of(id)
   if q then c.seqs[#c.seqs + 1] = q end
-  if c.bundling and not c.any_recovered and not tracked(id) then
+  if c.bundling and not c.any_recovered then
     c.bund[#c.bund + 1] = e
+    if not c.btracked and tracked(id) then c.btracked = true end
     return
   end
   local _, r, lease_name = count_attempt(e, p, a, id)
@@ -216,29 +217,37 @@ local function reserve_job(c, e, p, a, id)
   end
 end
 
--- A bundling pop's plain jobs (the common case) inline, anything else screened: the
--- header matched by positions (no string made), the id's sequence number read from the
--- entry (seq_of's rule: "-" after 17 characters, then hex), the id itself made only
--- while the pending index has entries. (_entries.lua header_id and _tracked.lua
--- tracked apply the same rules: change them together.)
+-- A bundling pop's jobs (the common case) inline, anything else screened: the header
+-- matched by positions (no string made), the id's sequence number read from the entry
+-- (seq_of's rule: "-" after 17 characters, then hex, then "_m" for a tracked job), the
+-- id itself made only while the pending index has entries. A tracked job (campaign or
+-- dedup key) is bundled too: it is settled by id wherever a bundle job ends (ack.lua,
+-- nack.lua, the reaper); only while a campaign is cancelled on this queue is it
+-- screened first (its campaign's flag: dropped, or bundled in its place). c.btracked:
+-- the bundle holds a tracked job (its events name their campaigns, one by one).
+-- (_entries.lua header_id and _tracked.lua tracked apply the same rules: change them
+-- together.)
 local function bundle_items(c, items)
   local byte, sub, find = string.byte, string.sub, string.find
   local bund, seqs, ids, any_pending = c.bund, c.seqs, c.ids, c.any_pending
+  local screen_tracked = c.any_cancelled
   local nb, ns = #bund, #seqs
   local slow, slot = {}, {}  -- entries left to screen, their places in bund
   for _, e in ipairs(items) do
     local _, _, a, z = find(e, '^%d:%d+:%d+:()[^:]+():')
-    -- a <= 18: attempt and max_attempts short (header_id); not tracked ("_m")
-    if a and a <= 18 and not (byte(e, z - 2) == 95 and byte(e, z - 1) == 109) then
+    -- a <= 18: attempt and max_attempts short (header_id); tracked: "_m"
+    local tk = a and byte(e, z - 2) == 95 and byte(e, z - 1) == 109
+    if a and a <= 18 and not (tk and screen_tracked) then
       nb = nb + 1
       bund[nb] = e
       if byte(e, a + 17) == 45 then
-        local q = tonumber(sub(e, a + 18, z - 1), 16)
+        local q = tonumber(sub(e, a + 18, tk and z - 3 or z - 1), 16)
         if q then
           ns = ns + 1
           seqs[ns] = q
         end
       end
+      if tk then c.btracked = true end
       if any_pending then ids[#ids + 1] = sub(e, a, z - 1) end
     else
       nb = nb + 1
@@ -248,17 +257,14 @@ local function bundle_items(c, items)
     end
   end
   if #slow > 0 then
-    -- screened together; a plain one keeps its place in the bundle, a tracked one has
-    -- a lease of its own, a dropped one's place goes
+    -- screened together; a live one keeps its place in the bundle, a dropped one's
+    -- place goes
     for _, x in ipairs((screen(c, slow))) do
-      if tracked(x[4]) then
-        reserve_job(c, x[1], x[2], x[3], x[4])
-      else
-        bund[slot[x[5]]] = x[1]
-        c.ids[#c.ids + 1] = x[4]
-        local q = seq_of(x[4])
-        if q then c.seqs[#c.seqs + 1] = q end
-      end
+      bund[slot[x[5]]] = x[1]
+      c.ids[#c.ids + 1] = x[4]
+      local q = seq_of(x[4])
+      if q then c.seqs[#c.seqs + 1] = q end
+      if tracked(x[4]) then c.btracked = true end
     end
     local j = 0
     for i = 1, nb do
@@ -361,8 +367,14 @@ local function lease_jobs(c)
     redis.call('HINCRBY', stats, 'bundled', #bund)
     out[c.header_n] = {b, #bund}
     for _, e in ipairs(bund) do out[#out + 1] = e end
-    ev_entry(events, c.ev, c.now, 'started', nil, 1, nil, jobmeta, nil,
-             hargs[#hargs - 2], '', #bund)  -- (the packed entries: no work per job)
+    if c.btracked and c.ev then  -- their campaigns named: one event a job
+      for _, e in ipairs(bund) do
+        ev_entry(events, c.ev, c.now, 'started', e, 1, nil, jobmeta)
+      end
+    else
+      ev_entry(events, c.ev, c.now, 'started', nil, 1, nil, jobmeta, nil,
+               hargs[#hargs - 2], '', #bund)  -- (the packed entries: no work per job)
+    end
   end
   if #hargs > 0 then lease_entries(inflight, hargs) end
   if #zargs > 0 then

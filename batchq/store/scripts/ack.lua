@@ -5,7 +5,9 @@
 -- KEYS[3]  stats hash: "succeeded" counts the acks applied, exactly once each
 -- KEYS[4]  recovered hash, KEYS[5] started hash: the crash marks (pop.lua), forgotten
 -- KEYS[6]  campaigns hash, KEYS[7] jobmeta hash, KEYS[8] dedup hash, KEYS[9] dedup:exp
---          zset: tracked jobs (ids ending "_m") are settled as succeeded (_tracked.lua)
+--          zset: tracked jobs (ids ending "_m") are settled as succeeded (_tracked.lua),
+--          a bundle's too (their ids read from its entries: bundle_tracked_ids), all of
+--          a call's in one settle
 -- KEYS[10] gwait zset, KEYS[11] gstate hash, KEYS[12] wake list: grouped jobs give back
 --          their group's running slot and quota count (_groups.lua gsettle)
 -- KEYS[13] bundles zset (_bundles.lua)
@@ -47,6 +49,19 @@ local function ev_settled(bd, pos)
   end
   l[#l + 1] = pos
 end
+-- the positions settled of bundles holding tracked jobs (bundle_tracked): bundle state
+-- -> positions (numbers), in order; their ids are settled below, and their events are
+-- one a job (each names its job's campaign)
+local tpos, tord = {}, {}
+local function tracked_settled(bd)
+  local l = tpos[bd]
+  if not l then
+    l = {}
+    tpos[bd] = l
+    tord[#tord + 1] = bd
+  end
+  return l
+end
 
 local singles, at, stale, cache = {}, {}, {}, {}
 local settled = 0
@@ -60,6 +75,7 @@ for _, m in ipairs(ARGV) do
     local bd = cache[b]
     if bd == nil then bd = bundle_state(inflight, cache, b) end
     local mask = bd and bd[2]
+    local tl = bd and bundle_tracked(bd) and tracked_settled(bd)
     local ps = {byte(m, h + 1, -1)}
     local n = 0
     local sj  -- the stale positions' indexes in ps (events on)
@@ -69,12 +85,13 @@ for _, m in ipairs(ARGV) do
       if mask and mask[p] == 48 then
         mask[p] = 49
         n = n + 1
+        if tl then tl[#tl + 1] = p end
       else
         stale[#stale + 1] = i
         if ev then sj = sj or {}; sj[j] = true end
       end
     end
-    if ev and bd and n > 0 then
+    if ev and bd and n > 0 and not tl then
       if not sj then
         ev_settled(bd, sub(m, h + 1))  -- every job of the argument
       else  -- (rare) the ones settled, one by one
@@ -92,7 +109,12 @@ for _, m in ipairs(ARGV) do
     if bd == nil then bd = bundle_state(inflight, cache, b) end
     if bundle_settle(bd, p) then
       settled = settled + 1
-      if ev then ev_settled(bd, sub(m, -2)) end
+      if bundle_tracked(bd) then
+        local tl = tracked_settled(bd)
+        tl[#tl + 1] = p
+      elseif ev then
+        ev_settled(bd, sub(m, -2))
+      end
     else
       stale[#stale + 1] = i
     end
@@ -132,6 +154,12 @@ if ev then
     ev_entry(events, ev, now, 'succeeded', nil, 1, nil, jobmeta, nil,
              type(bd[1]) == 'string' and bd[1] or cmsgpack.pack(bd[1]), pos, #pos / 2)
   end
+  for _, bd in ipairs(tord) do  -- (before settle_tracked: the campaigns are read)
+    local es = bundle_entries(bd)
+    for _, p in ipairs(tpos[bd]) do
+      ev_entry(events, ev, now, 'succeeded', es[p], 1, nil, jobmeta)
+    end
+  end
   if #live > 0 then
     local es = redis.call('HMGET', inflight, unpack(ids))
     for x, e in ipairs(es) do
@@ -146,13 +174,14 @@ if #live > 0 then
   redis.call('HINCRBY', stats, 'succeeded', #live)
   forget_marks(recovered, started, ids)
   gsettle(gstate, gwait, wake, ids, true)
-  if #marked > 0 then
-    local due = {}
-    settle_tracked(campaigns, jobmeta, dedup, dedup_exp, marked, 's', now or now_ms(), due)
-    if #due > 0 then
-      stale[#stale + 1] = 0
-      for _, cid in ipairs(due) do stale[#stale + 1] = cid end
-    end
+end
+for _, bd in ipairs(tord) do bundle_tracked_ids(bd, tpos[bd], marked) end
+if #marked > 0 then
+  local due = {}
+  settle_tracked(campaigns, jobmeta, dedup, dedup_exp, marked, 's', now or now_ms(), due)
+  if #due > 0 then
+    stale[#stale + 1] = 0
+    for _, cid in ipairs(due) do stale[#stale + 1] = cid end
   end
 end
 ev_close(evconf, events, ev, now)

@@ -47,7 +47,7 @@ KEY_ORDER: dict[str, tuple[str, ...]] = {
                       "pending", *_WAIT, "ready"),
     "enqueue_tracked": ("ready", "delayed", "wake", "inflight", "stats", *_TRACKED,
                         "pending", *_WAIT, *_GROUPS, "limits", "replace", "expires"),
-    "campaign_queue": ("campaigns", "reserved", "jobmeta", *_EVENTS),
+    "campaign_queue": ("campaigns", "reserved", "jobmeta", "inflight", "bundles", *_EVENTS),
     "campaign_open": ("record",),
     "campaign_join": ("record", "queues"),
     "campaign_close": ("record", "queues"),

@@ -8,7 +8,9 @@
 --          pop.lua looks up flags only while that is above 0)
 -- KEYS[2]  the queue's reserved zset, KEYS[3] its jobmeta hash: "cancel" counts the
 --          campaign's jobs holding a lease (they run; the rest never will)
--- KEYS[4]  evconf hash, KEYS[5] events stream: when events are on, "done" writes
+-- KEYS[4]  inflight hash, KEYS[5] bundles zset: "cancel" counts the campaign's running
+--          jobs of bundles too (_bundles.lua)
+-- KEYS[6]  evconf hash, KEYS[7] events stream: when events are on, "done" writes
 --          "campaign_done" once (error: the final counts here) (_events.lua)
 -- ARGV[1]  campaign id
 -- ARGV[2]  "read"; "open" (a producer joins: opens the flag for generation ARGV[3]
@@ -16,16 +18,18 @@
 --          "cancel" (open or sealed -> cancelled); "done" (the campaign completed: its
 --          counters here go, the flag stays "done" so a late producer is refused)
 -- ARGV[3]  the campaign's generation (created_ms) for "open"
--- ARGV[4]  "cancel": at most this many leases are looked at (bounds the loop; the
---          reserved set holds only what the fleet runs or prefetched)
+-- ARGV[4]  "cancel": at most this many leases are looked at, and as many jobs of
+--          bundles (bounds the loops; they hold only what the fleet runs or prefetched)
 -- ARGV[5]  "open": the campaign's jobs' deadline (Unix ms), "" for none
 -- Returns  {flag or "", t, p, s, d, c, leased, x} after the change (leased: "cancel"
 --          only, else 0).
 local campaigns = KEYS[1]
 local reserved = KEYS[2]
 local jobmeta = KEYS[3]
-local evconf = KEYS[4]
-local events = KEYS[5]
+local inflight = KEYS[4]
+local bundles = KEYS[5]
+local evconf = KEYS[6]
+local events = KEYS[7]
 
 local cid, mode = ARGV[1], ARGV[2]
 local fk, gk = cid .. ':f', cid .. ':g'
@@ -49,14 +53,37 @@ elseif mode == 'cancel' then
     redis.call('HINCRBY', campaigns, '~cancelled', 1)
   end
   local ids = {}
-  for _, m in ipairs(redis.call('ZRANGE', reserved, 0, tonumber(ARGV[4]) - 1)) do
-    local id = member_id(m)
-    if id and tracked(id) then ids[#ids + 1] = id end
+  local function count(id)
+    if tracked(id) then ids[#ids + 1] = id end
     if #ids == 1000 then
       for _, x in ipairs(meta_of(jobmeta, ids)) do
         if x[2] == cid then leased = leased + 1 end
       end
       ids = {}
+    end
+  end
+  local most = tonumber(ARGV[4])
+  for _, m in ipairs(redis.call('ZRANGE', reserved, 0, most - 1)) do
+    local id = member_id(m)
+    if id then count(id) end
+  end
+  -- the running jobs of bundles (read only; a bundle of plain jobs is not unpacked)
+  local looked = 0
+  for _, b in ipairs(redis.call('ZRANGE', bundles, 0, most - 1)) do
+    if looked >= most then break end
+    local v = redis.call('HMGET', inflight, b, b .. '~')
+    local bd = v[1] and {v[1]}
+    looked = looked + (v[2] and #v[2] or 1)
+    if bd and bundle_tracked(bd) then
+      local es = bundle_entries(bd)
+      if type(es) == 'table' then
+        local run, got = {}, {}
+        for p = 1, #es do  -- running: "0" (no mask: all, as bundle_state)
+          if not v[2] or string.byte(v[2], p) == 48 then run[#run + 1] = p end
+        end
+        bundle_tracked_ids(bd, run, got)
+        for _, id in ipairs(got) do count(id) end
+      end
     end
   end
   for _, x in ipairs(meta_of(jobmeta, ids)) do

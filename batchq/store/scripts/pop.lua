@@ -61,10 +61,10 @@
 --          list (their worker went away, or another took the wake-up) are claimed
 --          as they are: they are leased already
 -- ARGV[5]  ms an idle worker's hand-off registration lasts (with ARGV[4])
--- ARGV[6]  "1": lease the plain jobs of this pop as one bundle (_bundles.lua)
---          when it takes no grouped job, the queue has no concurrency limit and no
---          job of the queue has crash marks; their running jobs are counted in stats
---          "bundled" (bundle_done)
+-- ARGV[6]  "1": lease the jobs of this pop as one bundle (_bundles.lua; tracked jobs
+--          too: settled by id wherever a bundle job ends) when it takes no grouped
+--          job, the queue has no concurrency limit and no job of the queue has crash
+--          marks; their running jobs are counted in stats "bundled" (bundle_done)
 -- ARGV[7]  at most this many cancelled entries are dropped per call beyond the jobs
 --          it asked for: a dropped entry counts against nothing (not ARGV[1], a rate
 --          token, a concurrency slot, a quota), the call pops on in its place. A call
@@ -119,7 +119,7 @@ local c = {
   deadline = 0, hargs = false, zargs = false, ids = false, dropped = 0,
   seqs = false, bund = false, ndrop = 0, nexp = 0, expiring = false,
   any_tombstones = false, any_pending = false, any_cancelled = false,
-  asked = 0, sel = false, plain = 0, bundling = false, added = false,
+  asked = 0, sel = false, plain = 0, bundling = false, added = false, btracked = false,
   -- nil until known: job events (read by the reaper when it buries a job, else told by
   -- read_quiet's EXISTS: no command more), any_recovered (read_flags)
   -- nil until needed (not in the table a plain call builds, so it keeps to fewer
