@@ -44,7 +44,7 @@ from .tasks.lock import Lock
 from .tasks.task import Task, TaskCall, TaskConfig
 from .worker import JobFailed, Worker, WorkerSettings, run_worker
 
-__version__ = "0.7.0"
+__version__ = "0.8.0"
 
 __all__ = [
     "App",

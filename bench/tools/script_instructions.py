@@ -13,7 +13,8 @@ sends every tree's text by EVALSHA), then:
 
 * **empty pop**: the pop by which an idle worker registers for hand-off (``--calls``);
 * **enqueue 1**: a one-job enqueue that finds nobody registered (``--calls``);
-* **pop /job, ack /job**: ``--jobs`` plain jobs popped 100 a call, then acked (per job).
+* **pop /job, ack /job**: ``--jobs`` plain jobs popped 100 a call as a worker pops (a
+  pop's plain jobs leased in one bundle), then acked (per job).
 
 Each row runs on a server of its own, started for it: the Lua heap of a server that ran
 other scripts before makes every call's garbage collection dearer (the same EVALSHA pop
@@ -97,19 +98,25 @@ def measure(r: Any, url: str, counter: Counter, tree: Path, functions: bool, n_c
     app.tasks["noop"].enqueue_many(range(n_jobs))
     leases: list[list[bytes]] = []
     counter.zero()
-    while True:
-        c = calls.pop(qk, 100, 600_000, 100)
+    while True:  # as a worker pops: the plain jobs of a pop in one bundle
+        c = calls.pop(qk, 100, 600_000, 100, bundle=True)
         res = run["pop"](c.keys, c.args)
+        # the reply's 11th item is the bundle, {name, n} or {} (a tree without bundles:
+        # the jobs begin there)
         head = 11 if len(res) > 10 and isinstance(res[10], list) else 10
         got = res[head:]
         if not got:
             break
-        leases.append([j.split(b":", 4)[3] + b":" + j.split(b":", 4)[1] for j in got])
+        n = int(res[10][1]) if head == 11 and res[10] else 0
+        leases.append([j.split(b":", 4)[3] + b":" + j.split(b":", 4)[1]
+                       for j in got[: len(got) - n]]
+                      + [res[10][0] + p.to_bytes(2, "big") for p in range(1, n + 1)])
     out["pop /job"] = counter.read() / n_jobs
+    grouped = "<bundle>#<position>" in text["ack"]  # an older ack: one argument a lease
     counter.zero()
     for batch in leases:
         c = calls.ack(qk, batch)
-        run["ack"](c.keys, c.args)
+        run["ack"](c.keys, c.args if grouped else batch)
     out["ack /job"] = counter.read() / n_jobs
     app.queue("bench").clear()
     app.close()
