@@ -16,16 +16,13 @@ valgrind; the server runs about 50 times slower, so keep ``--jobs`` small (10,00
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-from batchq.dev.server import binary_path, pick_free_port
+from bench.tools.script_instructions import callgrind_server
 
 _ONE = """
 import glob, os, re, subprocess, sys, time, uuid
@@ -82,27 +79,14 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     if not (shutil.which("valgrind") and shutil.which("callgrind_control")):
         raise SystemExit("needs valgrind (callgrind_control)")
-    port = pick_free_port("127.0.0.1")
-    out = tempfile.mkdtemp(prefix="batchq-cg-")
-    server = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/cg.out.%p",
-         str(binary_path()), "--port", str(port), "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        url = f"redis://127.0.0.1:{port}/0"
-        for _ in range(100):
-            if subprocess.run([sys.executable, "-c", "import redis, sys; "
-                               "redis.Redis.from_url(sys.argv[1]).ping()", url],
-                              capture_output=True).returncode == 0:
-                break
-            time.sleep(0.2)
+    with callgrind_server() as (pid, url, out):
         print("| tree | round | keyed enqueue | plain drain | campaign drain | campaign ÷ plain |")
         print("|---|---|---|---|---|---|")
         for r in range(a.rounds):
             for tree in a.trees:
                 tree = tree.resolve()
                 res = subprocess.run(
-                    [sys.executable, "-c", _ONE, url, str(a.jobs), str(server.pid), out],
+                    [sys.executable, "-c", _ONE, url, str(a.jobs), str(pid), out],
                     cwd=tree, env=dict(os.environ, PYTHONPATH=str(tree)),
                     capture_output=True, text=True, check=False)
                 if res.returncode:
@@ -110,12 +94,6 @@ def main(argv: list[str] | None = None) -> None:
                 k, plain, camp = map(float, res.stdout.split()[-3:])
                 print(f"| {tree} | {r + 1} | {k:,.0f} | {plain:,.0f} | {camp:,.0f} | "
                       f"{camp / plain:.3f} |", flush=True)
-    finally:
-        server.terminate()
-        server.wait(30)
-        for f in glob.glob(os.path.join(out, "cg.out.*")):
-            os.unlink(f)
-        os.rmdir(out)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ first row's. Needs valgrind; the server runs ~50 times slower, so keep the count
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import os
 import re
@@ -34,6 +35,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,14 +153,17 @@ def main(argv: list[str] | None = None) -> None:
               + " | ".join(f"{res[c] / got[0][c]:.2f}" for c in CASES) + " |")
 
 
-def on_fresh_server(tree: Path, functions: bool, n_calls: int, n_jobs: int
-                    ) -> dict[str, float]:
+@contextlib.contextmanager
+def callgrind_server(toggles: Sequence[str] = ()) -> Iterator[tuple[int, str, str]]:
+    """A valkey-server under ``valgrind --tool=callgrind`` (counting only inside the
+    functions ``toggles``, if any): (its pid, its URL, the folder of its counter
+    dumps), answering PING; stopped and its dumps removed at exit."""
     port = pick_free_port("127.0.0.1")
-    out = tempfile.mkdtemp(prefix="batchq-si-")
+    out = tempfile.mkdtemp(prefix="batchq-cg-")
+    collect = ["--collect-atstart=no", *(f"--toggle-collect={t}" for t in toggles)] \
+        if toggles else []
     server = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", "--collect-atstart=no",
-         *(f"--toggle-collect={t}" for t in _TOGGLES),
-         f"--callgrind-out-file={out}/cg.out.%p",
+        ["valgrind", "--tool=callgrind", *collect, f"--callgrind-out-file={out}/cg.out.%p",
          str(binary_path()), "--port", str(port), "--save", "", "--appendonly", "no"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}/0"
@@ -170,7 +175,7 @@ def on_fresh_server(tree: Path, functions: bool, n_calls: int, n_jobs: int
                 break
             except redis.ConnectionError:
                 time.sleep(0.2)
-        return measure(r, url, Counter(server.pid, out), tree, functions, n_calls, n_jobs)
+        yield server.pid, url, out
     finally:
         r.close()
         server.terminate()
@@ -178,6 +183,16 @@ def on_fresh_server(tree: Path, functions: bool, n_calls: int, n_jobs: int
         for f in glob.glob(os.path.join(out, "cg.out.*")):
             os.unlink(f)
         os.rmdir(out)
+
+
+def on_fresh_server(tree: Path, functions: bool, n_calls: int, n_jobs: int
+                    ) -> dict[str, float]:
+    with callgrind_server(_TOGGLES) as (pid, url, out):
+        r = redis.Redis.from_url(url)
+        try:
+            return measure(r, url, Counter(pid, out), tree, functions, n_calls, n_jobs)
+        finally:
+            r.close()
 
 if __name__ == "__main__":
     main()

@@ -77,6 +77,21 @@ local function gwake(groups, gwait, gstate, g)
   redis.call('ZADD', groups, gvt(groups, gstate), g)
 end
 
+-- gwake for the groups `order` (at least one) at once: two ZMSCOREs and one ZADD.
+local function gwake_all(groups, gwait, gstate, order)
+  local in_rot = redis.call('ZMSCORE', groups, unpack(order))
+  local waiting = redis.call('ZMSCORE', gwait, unpack(order))
+  local add, vt = {}, nil
+  for i, x in ipairs(order) do
+    if not in_rot[i] and not waiting[i] then
+      vt = vt or gvt(groups, gstate)
+      add[#add + 1] = vt
+      add[#add + 1] = x
+    end
+  end
+  if #add > 0 then redis.call('ZADD', groups, unpack(add)) end
+end
+
 -- A limit "rate,burst,concurrency,max_pending,weight" (empty field: none) as a table.
 local function limit_of(v)
   if not v then return nil end

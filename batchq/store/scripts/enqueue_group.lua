@@ -166,19 +166,7 @@ else
   end
   if #plain > 0 then redis.call('RPUSH', ready, unpack(plain)) end
   -- the groups not in the rotation nor waiting join it, at its front (gwake)
-  if #order > 0 then
-    local in_rot = redis.call('ZMSCORE', groups, unpack(order))
-    local waiting = redis.call('ZMSCORE', gwait, unpack(order))
-    local add, vt = {}, nil
-    for i, x in ipairs(order) do
-      if not in_rot[i] and not waiting[i] then
-        vt = vt or gvt(groups, gstate)
-        add[#add + 1] = vt
-        add[#add + 1] = x
-      end
-    end
-    if #add > 0 then redis.call('ZADD', groups, unpack(add)) end
-  end
+  if #order > 0 then gwake_all(groups, gwait, gstate, order) end
   mark_waiting(top, ARGV[6], WAIT0)
 end
 redis.call('HINCRBY', stats, 'enqueued', count)

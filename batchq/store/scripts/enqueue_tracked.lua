@@ -265,17 +265,7 @@ local function push_groups(p)
       end
     end
     redis.call('ZADD', gready, unpack(zs))
-    local in_rot = redis.call('ZMSCORE', groups, unpack(order))
-    local waiting = redis.call('ZMSCORE', gwait, unpack(order))
-    local add, vt = {}, nil
-    for i, x in ipairs(order) do
-      if not in_rot[i] and not waiting[i] then
-        vt = vt or gvt(groups, gstate)
-        add[#add + 1] = vt
-        add[#add + 1] = x
-      end
-    end
-    if #add > 0 then redis.call('ZADD', groups, unpack(add)) end
+    gwake_all(groups, gwait, gstate, order)
   else
     plain = entries
   end
