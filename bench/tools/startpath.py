@@ -59,8 +59,13 @@ def one_run(url: str, tree: Path | None, rate: float, duration_s: float,
             api: str = "async") -> dict[str, float]:
     """One run of ``tree``'s worker and producer (``None``: the floor's) at ``rate``."""
     ns = f"sp{uuid.uuid4().hex[:8]}"
+    # the tree's own app (bench/apps/ since bench/ was grouped, bench/ before) and the
+    # tree's own batchq first on the path: an editable install of this checkout would
+    # otherwise answer the imports an older tree does not have
+    apps = HERE / "apps" if tree is None else (
+        tree / "bench" / "apps" if (tree / "bench" / "apps").is_dir() else tree / "bench")
     env = {**os.environ, "BATCHQ_REDIS_URL": url, "STARTPATH_NS": ns,
-           "PYTHONPATH": str(HERE / "apps")}
+           "PYTHONPATH": os.pathsep.join([str(apps)] + ([str(tree)] if tree else []))}
     r = redis.Redis.from_url(url)
     floor = [sys.executable, "-m", "bench.tools.startpath_floor"]
     if tree is None:
