@@ -46,8 +46,10 @@ def test_daily_quota_holds_across_supervisors_and_resets(app, queue_name, start_
     work = app.tasks["work"].options(queue=queue_name)
     work.options(group="acme").enqueue_many([(f"a{i}",) for i in range(50)])
     work.options(group="free").enqueue_many([(f"f{i}",) for i in range(40)])
-    start_worker(queue_name, "-p", "2", "-c", "10")
-    start_worker(queue_name, "-c", "10")
+    # small pops, so that the jobs (and the period's first pops after the reset) spread
+    # over the three processes: a pop of 100 would take every ready job at once
+    start_worker(queue_name, "-p", "2", "-c", "10", "--fetch-batch", "1")
+    start_worker(queue_name, "-c", "10", "--fetch-batch", "1")
 
     def acme() -> list[float]:
         return [x.start for x in runs() if x.token.startswith("a")]
