@@ -119,6 +119,14 @@ def test_a_server_without_functions_runs_them_by_evalsha(renamed: str) -> None:
             assert run_pipeline(pipe, r) == [first + 4]
             assert _calls(r, "evalsha") == 3  # the first call's retry, the second, the pipe
             assert _calls(r, "fcall") == (0 if renamed == "FCALL" else 1)
+            # a pipeline as a client's first use: every queued call that missed is run
+            # again, also those read after the first one turned functions off
+            fresh = SyncScripts(r)
+            pipe = r.pipeline(transaction=False)
+            for _ in range(3):
+                fresh.call(calls.reserve(k, 1), client=pipe)
+            assert run_pipeline(pipe, r) == [first + 5, first + 6, first + 7]
+            assert not fresh.mode.functions
         finally:
             r.close()
 

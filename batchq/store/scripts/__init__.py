@@ -162,10 +162,12 @@ class _Lua:
 
     def missed(self, exc: BaseException) -> bool:
         """Did a call miss its script (it did not run, so running it again is safe)?
-        ``UNAVAILABLE`` turns functions off for the client's scripts."""
+        ``UNAVAILABLE`` turns functions off for the client's scripts. An FCALL's reply
+        is classed whatever the mode is now: in a pipeline, the reply read before it may
+        have turned functions off."""
         if isinstance(exc, NoScriptError):
             return True
-        what = fcall_missed(exc) if self.mode.functions else None
+        what = fcall_missed(exc)
         if what == UNAVAILABLE:
             self.mode.functions = False
         return what is not None
