@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -214,56 +214,70 @@ FCALL, EVALSHA, EVAL = "FCALL", "EVALSHA", "EVAL"
 """How a script is called right after its load (``load_sync``)."""
 
 
-def _loaded(script: _Lua, exc: redis.ResponseError | None) -> str:
-    """The way to call ``script`` after ``FUNCTION LOAD`` answered ``exc`` (None: loaded):
-    FCALL when the library is there (maybe loaded by another process); else None, after
-    turning functions off if the server refuses them. Any other refusal (a server at
-    ``maxmemory`` refuses ``FUNCTION LOAD``, not ``SCRIPT LOAD``) leaves functions on
-    and sends this call by EVALSHA."""
+def _function_loaded(script: _Lua, exc: redis.ResponseError | None) -> bool:
+    """Is ``script``'s library on the server after ``FUNCTION LOAD`` answered ``exc``
+    (None: loaded; "already exists": another process loaded it)? A server that refuses
+    functions turns them off for the client; any other refusal (a server at
+    ``maxmemory`` refuses ``FUNCTION LOAD``, not ``SCRIPT LOAD``) leaves them on, and
+    this one call goes by EVALSHA."""
     if exc is None or _exists(exc):
-        return FCALL
+        return True
     if fcall_missed(exc) == UNAVAILABLE:
         script.mode.functions = False
-    return EVALSHA
+    return False
+
+
+_Loads = Generator[tuple[str, str], "redis.ResponseError | None", str]
+
+
+def _load_core(script: _Lua) -> _Loads:
+    """The decisions of one load, I/O-free: yields (the client's method, its text) and
+    gets back the ``ResponseError`` it raised (None: it worked); returns how to call the
+    script now. ``FUNCTION LOAD`` while the client's mode says functions; else, or if
+    that load fails, ``SCRIPT LOAD`` unless refused before; both refused: ``EVAL`` (the
+    script is marked for it)."""
+    if script.mode.functions and _function_loaded(
+            script, (yield "function_load", script.library)):
+        return FCALL
+    if not script.load_refused:
+        exc = yield "script_load", script.source
+        if exc is None:
+            return EVALSHA
+        script.refused(exc)
+    return EVAL
 
 
 def load_sync(client: Any, script: _Lua) -> str:
-    """Put ``script`` on the server: ``FUNCTION LOAD`` while the client's mode says
-    functions, else (or if that load fails) ``SCRIPT LOAD`` unless refused before.
-    Returns how to call it now: ``FCALL``, ``EVALSHA`` or ``EVAL`` (both loads refused:
-    the script is marked for EVAL)."""
-    if script.mode.functions:
-        try:
-            client.function_load(script.library)
-            return FCALL
-        except redis.ResponseError as exc:
-            if _loaded(script, exc) == FCALL:
-                return FCALL
-    if not script.load_refused:
-        try:
-            client.script_load(script.source)
-            return EVALSHA
-        except redis.ResponseError as exc:
-            script.refused(exc)
-    return EVAL
+    """Put ``script`` on the server (``_load_core``); returns how to call it now:
+    ``FCALL``, ``EVALSHA`` or ``EVAL``. Errors other than a load's refusal raise."""
+    core = _load_core(script)
+    try:
+        method, text = next(core)
+        while True:
+            try:
+                getattr(client, method)(text)
+                exc = None
+            except redis.ResponseError as e:
+                exc = e
+            method, text = core.send(exc)
+    except StopIteration as done:
+        return str(done.value)
 
 
 async def load_async(client: Any, script: _Lua) -> str:
     """``load_sync`` for asyncio."""
-    if script.mode.functions:
-        try:
-            await client.function_load(script.library)
-            return FCALL
-        except redis.ResponseError as exc:
-            if _loaded(script, exc) == FCALL:
-                return FCALL
-    if not script.load_refused:
-        try:
-            await client.script_load(script.source)
-            return EVALSHA
-        except redis.ResponseError as exc:
-            script.refused(exc)
-    return EVAL
+    core = _load_core(script)
+    try:
+        method, text = next(core)
+        while True:
+            try:
+                await getattr(client, method)(text)
+                exc = None
+            except redis.ResponseError as e:
+                exc = e
+            method, text = core.send(exc)
+    except StopIteration as done:
+        return str(done.value)
 
 
 class SyncScript(_Lua):

@@ -31,18 +31,21 @@ workers, whose pops, acks, retries and releases must go on. A script sent by EVA
 instead is refused at its first write that may grow memory, unless it wrote before."""
 
 
-@cache
 def source(name: str) -> str:
     """The full text of one script as sent to the server: the library's definitions the
     script uses (``library_for``), then the script."""
-    body = _body(name)
-    return library_for(_library(), body) + "\n" + body
+    defs, body = _parts(name)
+    return defs + "\n" + body
 
 
-def _body(name: str) -> str:
+@cache
+def _parts(name: str) -> tuple[str, str]:
+    """Script ``name``'s library definitions (``library_for``) and its own text: read
+    and cut once per process, for ``source`` and ``function_library`` alike."""
     if name not in NAMES:
         raise KeyError(name)
-    return resources.files(_PACKAGE).joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    body = resources.files(_PACKAGE).joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    return library_for(_library(), body), body
 
 
 def function_library(name: str, fname: str) -> str:
@@ -57,9 +60,9 @@ def function_library(name: str, fname: str) -> str:
     library's two upvalues, set by the function before the body runs. A library-level
     table keeps its contents from call to call: the library's one table
     (``NEXT_ATTEMPT``) is a memo, which only gains."""
-    body = _body(name)
+    defs, body = _parts(name)
     flags = "" if name in REFUSED_WHEN_FULL else "'allow-oom'"
-    return (f"#!lua name={fname}\nlocal KEYS, ARGV\n{library_for(_library(), body)}\n"
+    return (f"#!lua name={fname}\nlocal KEYS, ARGV\n{defs}\n"
             f"redis.register_function{{function_name='{fname}', flags={{{flags}}},\n"
             f"callback=function(batchq_keys, batchq_args)\n"
             f"KEYS, ARGV = batchq_keys, batchq_args\n{body}\nend}}\n")
