@@ -222,3 +222,9 @@ def forget_scripts(r: Any) -> None:
     (``SCRIPT FLUSH`` and ``FUNCTION FLUSH``)."""
     r.script_flush()
     r.function_flush()
+
+
+def function_libraries(r: Any) -> set[str]:
+    """The names of the function libraries the server holds (``FUNCTION LIST``)."""
+    return {dict(zip(lib[::2], lib[1::2], strict=True))[b"library_name"].decode()
+            for lib in r.function_list()}

@@ -15,6 +15,7 @@ import pytest
 import redis
 import redis.asyncio
 from fixtures.acl import BATCHQ_COMMANDS
+from helpers import function_libraries
 
 from batchq.dev.server import EmbeddedServer
 from batchq.store.keys import QueueKeys
@@ -53,9 +54,7 @@ def test_scripts_are_functions_named_after_their_sha(server: EmbeddedServer) -> 
         assert s.call(calls.reserve(k, 5)) == first + 5
         script = s.by_name["reserve"]
         assert script.fname == f"batchq_reserve_{script.sha}"
-        libs = {lib[b"library_name"].decode() for lib in
-                (dict(zip(x[::2], x[1::2], strict=True)) for x in r.function_list())}
-        assert script.fname in libs
+        assert script.fname in function_libraries(r)
         assert _calls(r, "fcall") == 3 and _calls(r, "evalsha") == 0  # the miss, then 2
         assert _calls(r, "function|load") == 1  # loaded once, at the first call's miss
         # a second client (another process) finds the library there

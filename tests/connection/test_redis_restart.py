@@ -17,7 +17,7 @@ import redis
 from fixtures.faults import *  # noqa: F403
 from fixtures.faults import FleetFactory
 from fixtures.fleet import Producer
-from helpers import free_port
+from helpers import free_port, function_libraries
 
 from batchq.dev.server import EmbeddedServer
 from batchq.store.scripts import NAMES, _Lua
@@ -65,8 +65,7 @@ def test_redis_killed_and_restarted_from_aof_loses_no_acknowledged_enqueue(
         errors = r.info("errorstats")
         noscript = errors.get("errorstat_ERR", {}).get("count", 0)
         loads = r.info("commandstats").get("cmdstat_function|load", {}).get("calls", 0)
-        libs = {dict(zip(x[::2], x[1::2], strict=True))[b"library_name"].decode()
-                for x in r.function_list()}
+        libs = function_libraries(r)
         assert {FNAMES[n] for n in ("enqueue", "pop", "ack")} <= libs, (libs, loads)
         assert fleet.workers(sup) == kids, "a worker process died instead of reconnecting"
         assert "Traceback" not in sup.read_log(), sup.read_log()[-3000:]

@@ -13,7 +13,7 @@ import pytest
 import redis
 from fixtures.basic import *  # noqa: F403
 from fixtures.runs import pending_keys, wait_exit
-from helpers import forget_scripts, wait_until
+from helpers import forget_scripts, function_libraries, wait_until
 
 import batchq
 from batchq.store import codec
@@ -264,6 +264,5 @@ def test_a_worker_loads_the_scripts_of_a_jobs_way_before_its_first_pop(
                                                  metrics=False,
                                                  install_signal_handlers=False))
     assert asyncio.run(w.run()) == 0
-    loaded = {dict(zip(lib[::2], lib[1::2], strict=True))[b"library_name"].decode()
-              for lib in redis_client.function_list()}
-    assert {w.state.scripts.by_name[n].fname for n in PRELOADED_SCRIPTS} <= loaded
+    assert {w.state.scripts.by_name[n].fname for n in PRELOADED_SCRIPTS} <= \
+        function_libraries(redis_client)
