@@ -36,8 +36,9 @@ end
 -- The sweep: at most `most` members due at `now`. A job not settled (its jobmeta entry
 -- is there) gets its expired tombstone (HSETNX: a cancel's stays); one running now (its
 -- in-flight entry is there, or it runs in a bundle: bundled_running) is also looked at
--- again at now + `recheck` ("~<id>"), so its tombstone goes once it is settled. True when `most` members were due: the caller
--- pops nothing this call (a job past its deadline might not be tombstoned yet).
+-- again at now + `recheck` ("~<id>"), so its tombstone goes once it is settled. True
+-- when `most` members were due: the caller pops nothing this call (a job past its
+-- deadline might not be tombstoned yet).
 local function expiry_sweep(expires, cancel, jobmeta, inflight, now, most, recheck)
   local due = redis.call('ZRANGEBYSCORE', expires, '-inf', now, 'LIMIT', 0, most)
   if #due == 0 then return false end
